@@ -1,0 +1,164 @@
+"""Every metric the runtime exports, created against a registry passed in.
+
+Names and labels are controller-runtime's and client-go's, so existing
+dashboards and alerts work unchanged. Never the global prometheus REGISTRY:
+a library must not register into a process-wide singleton behind its user's
+back, and tests need a fresh registry each.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+__all__ = ["Metrics", "RECONCILE_RESULTS", "WATCH_RESTART_REASONS", "WATCH_EVENT_TYPES"]
+
+RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")
+WATCH_EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
+# Why a watch was reopened: timeout (the server ended it at timeoutSeconds, the
+# healthy case), disconnect (EOF/RST), stall (no complete event for 90 s),
+# gone (410 -> relist), too_large_rv (504 -> relist from ""), error (any
+# other HTTP or ERROR-event failure), protocol (malformed bytes).
+WATCH_RESTART_REASONS = ("timeout", "disconnect", "stall", "gone", "too_large_rv", "error",
+                         "protocol")
+
+# controller-runtime's reconcile_time_seconds buckets.
+_RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45,
+                      0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0,
+                      4.5, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60)
+# client-go workqueue buckets: 1 ns .. 10 s, exponential x10.
+_QUEUE_BUCKETS = tuple(10.0 ** e for e in range(-9, 2))
+# client-go rest_client_request_duration_seconds buckets.
+_REST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+
+
+class Metrics:
+    """The metric families, as attributes. One instance per registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 process_collectors: bool = False):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        if process_collectors:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+
+        # controller-runtime
+        self.reconcile_total = Counter(
+            "controller_runtime_reconcile_total",
+            "Total number of reconciliations per controller", ["controller", "result"],
+            registry=r)
+        self.reconcile_errors_total = Counter(
+            "controller_runtime_reconcile_errors_total",
+            "Total number of reconciliation errors per controller", ["controller"], registry=r)
+        self.terminal_reconcile_errors_total = Counter(
+            "controller_runtime_terminal_reconcile_errors_total",
+            "Total number of terminal reconciliation errors per controller", ["controller"],
+            registry=r)
+        self.reconcile_panics_total = Counter(
+            "controller_runtime_reconcile_panics_total",
+            "Total number of reconciliation panics (uncaught exceptions) per controller",
+            ["controller"], registry=r)
+        self.reconcile_time_seconds = Histogram(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller", ["controller"],
+            buckets=_RECONCILE_BUCKETS, registry=r)
+        self.max_concurrent_reconciles = Gauge(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller", ["controller"], registry=r)
+        self.active_workers = Gauge(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller", ["controller"], registry=r)
+
+        # client-go workqueue
+        self.workqueue_depth = Gauge(
+            "workqueue_depth", "Current depth of workqueue", ["name", "controller"], registry=r)
+        self.workqueue_adds_total = Counter(
+            "workqueue_adds_total", "Total number of adds handled by workqueue",
+            ["name", "controller"], registry=r)
+        self.workqueue_retries_total = Counter(
+            "workqueue_retries_total", "Total number of retries handled by workqueue",
+            ["name", "controller"], registry=r)
+        self.workqueue_queue_duration_seconds = Histogram(
+            "workqueue_queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            ["name", "controller"], buckets=_QUEUE_BUCKETS, registry=r)
+        self.workqueue_work_duration_seconds = Histogram(
+            "workqueue_work_duration_seconds",
+            "How long in seconds processing an item from workqueue takes",
+            ["name", "controller"], buckets=_QUEUE_BUCKETS, registry=r)
+        self.workqueue_unfinished_work_seconds = Gauge(
+            "workqueue_unfinished_work_seconds",
+            "How many seconds of work has been done that is in progress and hasn't been "
+            "observed by work_duration", ["name", "controller"], registry=r)
+        self.workqueue_longest_running_processor_seconds = Gauge(
+            "workqueue_longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running",
+            ["name", "controller"], registry=r)
+
+        # client-go REST client
+        self.rest_client_requests_total = Counter(
+            "rest_client_requests_total",
+            "Number of HTTP requests, partitioned by status code, method, and host",
+            ["code", "method", "host"], registry=r)
+        self.rest_client_request_duration_seconds = Histogram(
+            "rest_client_request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host.", ["verb", "host"],
+            buckets=_REST_BUCKETS, registry=r)
+
+        # leader election
+        self.leader_election_master_status = Gauge(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates "
+            "backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            ["name"], registry=r)
+
+        # watch health (ours)
+        self.watch_events_total = Counter(
+            "k8s_http_watch_events_total", "Watch events received, by resource and type",
+            ["resource", "type"], registry=r)
+        self.watch_restarts_total = Counter(
+            "k8s_http_watch_restarts_total", "Watches reopened, by resource and reason",
+            ["resource", "reason"], registry=r)
+        self.informer_relists_total = Counter(
+            "k8s_http_informer_relists_total", "Full lists made by an informer (the first included)",
+            ["resource"], registry=r)
+        self.cache_objects = Gauge(
+            "k8s_http_cache_objects", "Objects held in an informer's cache", ["resource"],
+            registry=r)
+        self.watch_decode_errors_total = Counter(
+            "k8s_http_watch_decode_errors_total",
+            "Malformed watch input (framing, JSON, oversize lines, unknown events)",
+            ["resource", "kind"], registry=r)
+
+        self.build_info = Info("my_controller_build", "Build information", registry=r)
+
+    # Pre-setting known label values to 0 makes rate() and absent() work from
+    # the first scrape instead of after the first occurrence.
+    def init_controller(self, controller: str, workers: int) -> None:
+        for result in RECONCILE_RESULTS:
+            self.reconcile_total.labels(controller, result)
+        self.reconcile_errors_total.labels(controller)
+        self.terminal_reconcile_errors_total.labels(controller)
+        self.reconcile_panics_total.labels(controller)
+        self.reconcile_time_seconds.labels(controller)
+        self.max_concurrent_reconciles.labels(controller).set(workers)
+        self.active_workers.labels(controller).set(0)
+        for family in (self.workqueue_depth, self.workqueue_adds_total,
+                       self.workqueue_retries_total, self.workqueue_queue_duration_seconds,
+                       self.workqueue_work_duration_seconds,
+                       self.workqueue_unfinished_work_seconds,
+                       self.workqueue_longest_running_processor_seconds):
+            family.labels(controller, controller)
+
+    def init_resource(self, resource: str) -> None:
+        for type_ in WATCH_EVENT_TYPES:
+            self.watch_events_total.labels(resource, type_)
+        for reason in WATCH_RESTART_REASONS:
+            self.watch_restarts_total.labels(resource, reason)
+        self.informer_relists_total.labels(resource)
+        self.cache_objects.labels(resource).set(0)
+
+    def init_leader(self, lease_name: str) -> None:
+        self.leader_election_master_status.labels(lease_name).set(0)

@@ -1,0 +1,211 @@
+"""Resource types, object keys and small helpers for plain-dict Kubernetes objects.
+
+Wire objects stay plain dicts with camelCase keys; nothing here talks to a server.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+from dataclasses import dataclass
+from urllib.parse import quote
+
+__all__ = [
+    "Resource",
+    "ObjectKey",
+    "CORE",
+    "CONFIGMAPS",
+    "SECRETS",
+    "SERVICES",
+    "EVENTS",
+    "NAMESPACES",
+    "PODS",
+    "SERVICEACCOUNTS",
+    "DEPLOYMENTS",
+    "REPLICASETS",
+    "LEASES",
+    "CRDS",
+    "TOKENREVIEWS",
+    "SUBJECTACCESSREVIEWS",
+    "key_of",
+    "controller_of",
+    "is_controlled_by",
+    "owner_reference",
+    "get_condition",
+    "set_condition",
+    "has_finalizer",
+    "add_finalizer",
+    "remove_finalizer",
+    "strip_managed_fields",
+    "rfc3339_now",
+]
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One API resource type: where it lives on the apiserver.
+
+    `group` is "" for the core group. `kind` is informational (events,
+    ownerReferences); the path is built from group, version and plural.
+    """
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+    kind: str = ""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        """The URL path for a collection or an object.
+
+        A namespaced resource without a namespace gives the all-namespaces
+        collection (list and watch only).
+        """
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name is not None:
+            if not name:
+                raise ValueError(f"empty name for {self.plural}")
+            base += f"/{quote(name, safe='')}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+CORE = ""
+CONFIGMAPS = Resource("", "v1", "configmaps", True, "ConfigMap")
+SECRETS = Resource("", "v1", "secrets", True, "Secret")
+SERVICES = Resource("", "v1", "services", True, "Service")
+EVENTS = Resource("", "v1", "events", True, "Event")
+NAMESPACES = Resource("", "v1", "namespaces", False, "Namespace")
+PODS = Resource("", "v1", "pods", True, "Pod")
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", True, "ServiceAccount")
+DEPLOYMENTS = Resource("apps", "v1", "deployments", True, "Deployment")
+REPLICASETS = Resource("apps", "v1", "replicasets", True, "ReplicaSet")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", True, "Lease")
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False,
+                "CustomResourceDefinition")
+TOKENREVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", False, "TokenReview")
+SUBJECTACCESSREVIEWS = Resource("authorization.k8s.io", "v1", "subjectaccessreviews", False,
+                                "SubjectAccessReview")
+
+
+@dataclass(frozen=True, order=True)
+class ObjectKey:
+    """What a reconcile is about: namespace ("" for cluster-scoped) and name."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @classmethod
+    def parse(cls, text: str) -> "ObjectKey":
+        namespace, _, name = text.rpartition("/")
+        return cls(namespace, name)
+
+
+def key_of(obj: dict) -> ObjectKey:
+    meta = obj.get("metadata") or {}
+    return ObjectKey(meta.get("namespace") or "", meta.get("name") or "")
+
+
+def controller_of(obj: dict) -> dict | None:
+    """The ownerReference with `controller: true`, or None."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return ref
+    return None
+
+
+def is_controlled_by(obj: dict, owner: dict) -> bool:
+    ref = controller_of(obj)
+    uid = (owner.get("metadata") or {}).get("uid")
+    return bool(ref and uid and ref.get("uid") == uid)
+
+
+def owner_reference(owner: dict, *, controller: bool = True,
+                    block_owner_deletion: bool = True) -> dict:
+    """An ownerReference pointing at `owner` (which must have apiVersion, kind, name, uid)."""
+    meta = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": controller,
+        "blockOwnerDeletion": block_owner_deletion,
+    }
+
+
+def get_condition(obj: dict, type_: str) -> dict | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == type_:
+            return cond
+    return None
+
+
+def set_condition(conditions: list | None, new: dict, *, now: str | None = None) -> list:
+    """Return a new conditions list with `new` merged in by type.
+
+    `lastTransitionTime` moves only when the condition's status flips; any
+    other change (reason, message, observedGeneration) keeps the old time.
+    """
+    result = [copy.deepcopy(c) for c in conditions or [] if isinstance(c, dict)]
+    cond = dict(new)
+    for i, old in enumerate(result):
+        if old.get("type") == cond["type"]:
+            if old.get("status") == cond.get("status") and old.get("lastTransitionTime"):
+                cond["lastTransitionTime"] = old["lastTransitionTime"]
+            else:
+                cond.setdefault("lastTransitionTime", now or rfc3339_now())
+            result[i] = cond
+            return result
+    cond.setdefault("lastTransitionTime", now or rfc3339_now())
+    result.append(cond)
+    return result
+
+
+def has_finalizer(obj: dict, name: str) -> bool:
+    return name in ((obj.get("metadata") or {}).get("finalizers") or [])
+
+
+def add_finalizer(obj: dict, name: str) -> bool:
+    """Add in place; True if it changed."""
+    fins = obj.setdefault("metadata", {}).setdefault("finalizers", [])
+    if name in fins:
+        return False
+    fins.append(name)
+    return True
+
+
+def remove_finalizer(obj: dict, name: str) -> bool:
+    """Remove in place; True if it changed."""
+    fins = (obj.get("metadata") or {}).get("finalizers") or []
+    if name not in fins:
+        return False
+    obj["metadata"]["finalizers"] = [f for f in fins if f != name]
+    return True
+
+
+def strip_managed_fields(obj: dict) -> dict:
+    """The default cache transform: managedFields are often half of an object's size."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        meta.pop("managedFields", None)
+    return obj
+
+
+def rfc3339_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
