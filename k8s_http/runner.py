@@ -1,0 +1,256 @@
+"""Worker threads that reconcile keys from a WorkQueue (controller-runtime's policy).
+
+The whole user contract: a reconcile function gets a key and returns a
+`Result` (or None), or raises. What happens next:
+
+| reconcile                          | queue                         | reconcile_total{result} |
+|------------------------------------|-------------------------------|-------------------------|
+| returns None or Result()           | forget                        | success                 |
+| Result(requeue_after_seconds=x>0)  | forget, add_after(x)          | requeue_after           |
+| Result(requeue=True)               | add_rate_limited              | requeue                 |
+| raises TerminalError               | forget (no retry)             | error                   |
+| raises anything else               | add_rate_limited (backoff)    | error                   |
+
+Errors also count in reconcile_errors_total (terminal ones in
+terminal_reconcile_errors_total as well, as controller-runtime does). An
+exception that is not one of ours (`K8sHttpError`: API, transport, leadership
+errors) is a bug in the reconcile: it also counts as a panic. Every error is
+logged with its traceback and the key; the worker thread survives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Hashable
+
+from .errors import K8sHttpError
+from .metrics import Metrics
+from .workqueue import WorkQueue
+
+__all__ = ["Result", "TerminalError", "Runner"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a reconcile asks for next. None, or Result(), means: converged, forget the key."""
+
+    requeue_after_seconds: float | None = None   # reconcile again after this long (a poll)
+    requeue: bool = False                        # reconcile again soon, with backoff
+
+
+class TerminalError(Exception):
+    """Retrying cannot help (say, a spec the controller cannot use): counted, logged, not retried.
+
+    Wrap the cause: ``raise TerminalError("spec.port out of range") from err``.
+    """
+
+
+LogContext = Callable[[str, Hashable, str], ContextManager[object]]
+
+
+def _no_log_context(controller: str, key: Hashable, reconcile_id: str) -> ContextManager[object]:
+    return contextlib.nullcontext()
+
+
+class Runner:
+    """`workers` daemon threads, named ``<name>-worker-<i>``, reconciling keys from `queue`.
+
+    `can_start()` is asked before each reconcile starts (the leader-election
+    gate). While it says no, workers leave the queue alone and re-ask every
+    `poll_seconds`; a key taken just before the gate closed is put back.
+    `log_context(controller, key, reconcile_id)` returns a context manager each
+    reconcile runs in (see log.py); the default does nothing.
+    """
+
+    def __init__(self, name: str, queue: WorkQueue,
+                 reconcile: Callable[[Hashable], Result | None], *, workers: int = 1,
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 can_start: Callable[[], bool] = lambda: True,
+                 log_context: LogContext | None = None, poll_seconds: float = 0.2):
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.name = name
+        self.queue = queue
+        self.workers = workers
+        self._reconcile = reconcile
+        self._clock = clock
+        self._can_start = can_start
+        self._log_context = log_context or _no_log_context
+        # How long an idle or gated worker waits before it looks again at the
+        # stop flag and can_start(). Waits are on _stopping, so stop() ends them at once.
+        self._poll_seconds = poll_seconds
+
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []      # index i runs as <name>-worker-<i>
+        # _in_flight: reconciles between taking a key and done(key); wait_idle() waits for 0.
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
+
+        self.metrics = metrics if metrics is not None else Metrics()
+        m = self.metrics
+        m.init_controller(name, workers)
+        self._m_total = {result: m.reconcile_total.labels(name, result)
+                         for result in ("success", "error", "requeue", "requeue_after")}
+        self._m_errors = m.reconcile_errors_total.labels(name)
+        self._m_terminal = m.terminal_reconcile_errors_total.labels(name)
+        self._m_panics = m.reconcile_panics_total.labels(name)
+        self._m_time = m.reconcile_time_seconds.labels(name)
+        self._m_active = m.active_workers.labels(name)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker threads (once; later calls do nothing)."""
+        with self._lock:
+            if self._threads or self._stopping.is_set():
+                return
+            self._threads = [self._new_thread(i) for i in range(self.workers)]
+            threads = list(self._threads)
+        for thread in threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Take no new keys. Reconciles in flight finish; see wait_idle()."""
+        self._stopping.set()
+
+    def wait_idle(self, timeout_seconds: float) -> bool:
+        """Wait (real time) until no reconcile is in flight; False if one still is."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout_seconds)
+
+    def join(self, timeout_seconds: float) -> bool:
+        """After stop(): wait (real time) for the worker threads to exit; False if one has not."""
+        deadline = time.monotonic() + timeout_seconds
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in threads)
+
+    def threads_alive(self) -> bool:
+        """True when started and every worker thread is alive (a liveness check)."""
+        with self._lock:
+            return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
+    def restart_dead_threads(self) -> int:
+        """Replace worker threads that died; returns how many were restarted (for a supervisor)."""
+        restarted = []
+        with self._lock:
+            if self._stopping.is_set():
+                return 0
+            for i, thread in enumerate(self._threads):
+                if not thread.is_alive():
+                    self._threads[i] = self._new_thread(i)
+                    restarted.append(self._threads[i])
+        for thread in restarted:
+            logger.warning("controller %s: restarting dead worker thread %s",
+                           self.name, thread.name)
+            thread.start()
+        return len(restarted)
+
+    def _new_thread(self, index: int) -> threading.Thread:
+        return threading.Thread(target=self._worker, name=f"{self.name}-worker-{index}",
+                                daemon=True)
+
+    # -- the worker ---------------------------------------------------------
+
+    def _worker(self) -> None:
+        try:
+            self._work_until_stopped()
+        except BaseException:
+            # Only something that is not an Exception (SystemExit, ...) gets
+            # here. The thread ends; threads_alive() turns False and the
+            # supervisor's restart_dead_threads() replaces it.
+            logger.exception("controller %s: worker thread %s died", self.name,
+                             threading.current_thread().name)
+
+    def _work_until_stopped(self) -> None:
+        while not self._stopping.is_set():
+            if not self._can_start():
+                self._stopping.wait(self._poll_seconds)
+                continue
+            key, shut_down = self.queue.get(timeout_seconds=self._poll_seconds)
+            if shut_down:
+                return
+            if key is None:
+                continue
+            if self._stopping.is_set() or not self._can_start():
+                # The gate closed (lease lost) or stop() came while we waited:
+                # put the key back untouched. add() marks it dirty, done() requeues it.
+                self.queue.add(key)
+                self.queue.done(key)
+                continue
+            self._process(key)
+
+    def _process(self, key: Hashable) -> None:
+        reconcile_id = secrets.token_hex(4)
+        with self._lock:
+            self._in_flight += 1
+        self._m_active.inc()
+        started = self._clock()
+        handled = False
+        try:
+            with self._log_context(self.name, key, reconcile_id):
+                try:
+                    result = self._reconcile(key)
+                    if result is not None and not isinstance(result, Result):
+                        raise TypeError(f"reconcile returned {type(result).__name__}, "
+                                        "not Result or None")
+                except Exception as err:
+                    self._apply_error(key, err, reconcile_id)
+                else:
+                    self._apply_result(key, result)
+                handled = True
+        except Exception as err:
+            if handled:             # the log context failed on exit; the policy was applied
+                logger.exception("controller %s: log context failed for %s", self.name, key)
+            else:                   # it failed on entry, or applying the result failed
+                self._apply_error(key, err, reconcile_id)
+        except BaseException:
+            if not handled:         # this thread is going down: its successor retries the key
+                self.queue.add_rate_limited(key)
+            raise
+        finally:
+            self._m_time.observe(max(0.0, self._clock() - started))
+            self._m_active.dec()
+            self.queue.done(key)
+            with self._lock:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.notify_all()
+
+    def _apply_result(self, key: Hashable, result: Result | None) -> None:
+        # controller-runtime's order: requeue_after wins over requeue; 0 means unset.
+        if result is not None and result.requeue_after_seconds and result.requeue_after_seconds > 0:
+            self.queue.forget(key)
+            self.queue.add_after(key, result.requeue_after_seconds)
+            self._m_total["requeue_after"].inc()
+        elif result is not None and result.requeue:
+            self.queue.add_rate_limited(key)
+            self._m_total["requeue"].inc()
+        else:
+            self.queue.forget(key)
+            self._m_total["success"].inc()
+
+    def _apply_error(self, key: Hashable, err: Exception, reconcile_id: str) -> None:
+        self._m_errors.inc()
+        self._m_total["error"].inc()
+        if isinstance(err, TerminalError):
+            self._m_terminal.inc()
+            self.queue.forget(key)
+            logger.error("controller %s: reconcile %s (id %s) failed, not retried: %s",
+                         self.name, key, reconcile_id, err, exc_info=err)
+            return
+        if not isinstance(err, K8sHttpError):
+            self._m_panics.inc()
+        self.queue.add_rate_limited(key)
+        logger.error("controller %s: reconcile %s (id %s) failed, will retry: %s",
+                     self.name, key, reconcile_id, err, exc_info=err)

@@ -1,0 +1,518 @@
+"""WorkQueue: dedup, processing set, delays, rate-limited retries, shutdown, metrics.
+
+Time is a fake clock: tests advance it and call get(timeout_seconds=0) (or
+wake() a blocked getter), so nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from k8s_http.backoff import ItemExponentialLimiter, MaxOfLimiter, BucketLimiter
+from k8s_http.metrics import Metrics
+from k8s_http.workqueue import WorkQueue
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0):
+        self._now = now
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def take(q: WorkQueue):
+    """The next key ready now (None if there is none); never blocks."""
+    key, shut_down = q.get(timeout_seconds=0)
+    assert not shut_down
+    return key
+
+
+def drain(q: WorkQueue) -> list:
+    keys = []
+    while (key := take(q)) is not None:
+        keys.append(key)
+        q.done(key)
+    return keys
+
+
+def start_getter(q: WorkQueue, timeout_seconds: float = 10.0):
+    """get() on another thread; returns (thread, box) where box gets the result."""
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(q.get(timeout_seconds)), daemon=True)
+    thread.start()
+    return thread, box
+
+
+# -- the basic queue -------------------------------------------------------------
+
+def test_fifo_and_dedup(clock):
+    q = WorkQueue("q", clock=clock)
+    for key in ["a", "b", "a", "c", "b"]:
+        q.add(key)
+    assert len(q) == 3
+    assert drain(q) == ["a", "b", "c"]
+    assert len(q) == 0
+
+
+def test_get_on_empty_queue_times_out(clock):
+    q = WorkQueue("q", clock=clock)
+    assert q.get(timeout_seconds=0) == (None, False)
+    assert q.get(timeout_seconds=0.01) == (None, False)
+
+
+def test_add_while_processing_is_requeued_at_done_not_handed_out_twice(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("a")
+    assert take(q) == "a"
+    q.add("a")
+    q.add("a")
+    assert len(q) == 0 and take(q) is None      # never to a second worker meanwhile
+    q.done("a")
+    assert len(q) == 1
+    assert take(q) == "a"
+    q.done("a")
+    assert take(q) is None
+
+
+def test_done_without_get_or_twice_is_harmless(clock):
+    q = WorkQueue("q", clock=clock)
+    q.done("never")
+    q.add("a")
+    assert take(q) == "a"
+    q.done("a")
+    q.done("a")
+    assert take(q) is None
+
+
+def test_blocked_get_wakes_on_add(clock):
+    q = WorkQueue("q", clock=clock)
+    thread, box = start_getter(q)
+    q.add("a")
+    thread.join(10)
+    assert box == [("a", False)]
+
+
+def test_ten_thousand_adds_while_processing_make_one_more_pass(clock):
+    registry = CollectorRegistry()
+    q = WorkQueue("q", clock=clock, metrics=Metrics(registry))
+    q.add("hot")
+    assert take(q) == "hot"
+    for _ in range(10_000):
+        q.add("hot")
+    q.done("hot")
+    assert drain(q) == ["hot"]
+    assert registry.get_sample_value("workqueue_adds_total",
+                                     {"name": "q", "controller": "q"}) == 2
+
+
+# -- add_after ---------------------------------------------------------------------------
+
+def test_add_after_is_ready_at_its_due_time(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_after("a", 5.0)
+    assert len(q) == 0 and take(q) is None
+    clock.advance(4.999)
+    assert take(q) is None
+    clock.advance(0.001)
+    assert take(q) == "a"
+
+
+def test_add_after_keeps_the_earliest_due_time(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_after("a", 5.0)
+    q.add_after("a", 10.0)      # later: ignored
+    q.add_after("a", 2.0)       # earlier: replaces
+    clock.advance(2.0)
+    assert drain(q) == ["a"]
+    clock.advance(10.0)
+    assert drain(q) == []       # the superseded entries are gone
+
+
+def test_add_after_zero_or_negative_is_an_add(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_after("a", 0)
+    q.add_after("b", -3)
+    assert drain(q) == ["a", "b"]
+
+
+def test_due_keys_come_out_in_due_order(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_after("late", 3.0)
+    q.add_after("early", 1.0)
+    q.add_after("middle", 2.0)
+    clock.advance(5.0)
+    assert drain(q) == ["early", "middle", "late"]
+
+
+def test_add_does_not_cancel_a_pending_add_after(clock):
+    # client-go semantics: the immediate add is processed now, the delayed one
+    # still fires at its due time (a scheduled poll is not lost).
+    q = WorkQueue("q", clock=clock)
+    q.add_after("a", 5.0)
+    q.add("a")
+    assert drain(q) == ["a"]
+    clock.advance(5.0)
+    assert drain(q) == ["a"]
+
+
+def test_blocked_get_sees_a_delayed_key_when_the_fake_clock_moves(clock):
+    q = WorkQueue("q", clock=clock)
+    thread, box = start_getter(q)
+    q.add_after("a", 60.0)
+    clock.advance(60.0)
+    q.wake()
+    thread.join(10)
+    assert box == [("a", False)]
+
+
+def test_getters_hand_off_so_every_due_key_gets_a_waiter():
+    # Real clock, real (millisecond) delays: two blocked getters, two delayed
+    # keys. After the first getter takes the first key, the second must still
+    # be watching the clock for the second key.
+    q = WorkQueue("q")
+    threads = [start_getter(q, timeout_seconds=10.0) for _ in range(2)]
+    q.add_after("a", 0.001)
+    q.add_after("b", 0.002)
+    results = []
+    for thread, box in threads:
+        thread.join(10)
+        results += box
+    assert sorted(results) == [("a", False), ("b", False)]
+
+
+def test_a_delayed_key_is_picked_up_while_another_getter_takes_an_immediate_key():
+    q = WorkQueue("q")
+    g1, box1 = start_getter(q, timeout_seconds=10.0)
+    q.add_after("a", 0.05)
+    g2, box2 = start_getter(q, timeout_seconds=2.0)
+    q.add("x")
+    g1.join(10)
+    g2.join(10)
+    assert sorted(box1 + box2) == [("a", False), ("x", False)]
+
+
+# -- shutdown --------------------------------------------------------------------------------
+
+def test_shutdown_hands_out_what_is_queued_then_reports_the_end(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("a")
+    q.add("b")
+    q.add_after("due", 1.0)
+    q.add_after("not-due", 100.0)
+    clock.advance(1.0)
+    q.shutdown(drain=False)
+    q.add("late")               # ignored after shutdown
+    q.add_after("late2", 0.5)
+    q.add_rate_limited("late3")
+    assert q.get(timeout_seconds=0) == ("a", False)
+    assert q.get(timeout_seconds=0) == ("b", False)
+    assert q.get(timeout_seconds=0) == ("due", False)
+    assert q.get(timeout_seconds=0) == (None, True)
+    clock.advance(1000.0)
+    assert q.get() == (None, True)          # never blocks once shut down and empty
+
+
+def test_shutdown_requeues_keys_added_while_processing(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("a")
+    assert take(q) == "a"
+    q.add("a")                  # dirty while processing, before shutdown: not lost
+    q.shutdown(drain=False)
+    q.done("a")
+    assert q.get(timeout_seconds=0) == ("a", False)
+    q.done("a")
+    assert q.get(timeout_seconds=0) == (None, True)
+
+
+def test_blocked_get_returns_on_shutdown(clock):
+    q = WorkQueue("q", clock=clock)
+    thread, box = start_getter(q)
+    q.shutdown()
+    thread.join(10)
+    assert box == [(None, True)]
+
+
+def test_shutdown_with_drain_waits_for_processing_keys(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("a")
+    assert take(q) == "a"
+    returned = threading.Event()
+    thread = threading.Thread(target=lambda: (q.shutdown(drain=True), returned.set()), daemon=True)
+    thread.start()
+    assert not returned.wait(0.05)      # still waiting: "a" is being processed
+    q.done("a")
+    assert returned.wait(10)
+
+
+def test_shutdown_drain_is_bounded(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("stuck")
+    assert take(q) == "stuck"
+    q.shutdown(drain=True, timeout_seconds=0.01)    # returns although "stuck" never finishes
+    assert q.get(timeout_seconds=0) == (None, True)
+
+
+# -- rate limiting ----------------------------------------------------------------------------
+
+def test_add_rate_limited_backs_off_per_key_and_forget_resets(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("a")
+    assert take(q) == "a"
+    q.add_rate_limited("a")                 # failure 1: 5 ms
+    q.done("a")
+    assert take(q) is None
+    clock.advance(0.005)
+    assert take(q) == "a"
+    q.add_rate_limited("a")                 # failure 2: 10 ms
+    q.done("a")
+    assert q.num_requeues("a") == 2
+    clock.advance(0.009)
+    assert take(q) is None
+    clock.advance(0.001)
+    assert take(q) == "a"
+    q.forget("a")
+    q.done("a")
+    assert q.num_requeues("a") == 0
+    q.add("a")
+    assert take(q) == "a"
+    q.add_rate_limited("a")                 # back to 5 ms
+    q.done("a")
+    clock.advance(0.005)
+    assert take(q) == "a"
+
+
+def test_the_overall_bucket_spreads_many_failing_keys(clock):
+    q = WorkQueue("q", clock=clock)
+    for i in range(101):
+        q.add_rate_limited(f"k{i}")
+    clock.advance(0.005)
+    assert len(drain(q)) == 100             # the burst
+    clock.advance(0.095)
+    assert drain(q) == ["k100"]             # then 10 qps
+
+
+def test_kubernetes_132805_an_early_attempt_does_not_double_the_backoff(clock):
+    q = WorkQueue("q", clock=clock, rate_limiter=ItemExponentialLimiter(1.0, 1000.0))
+    q.add("k")
+    assert take(q) == "k"
+    q.add_rate_limited("k")                 # failure 1: retry due in 1 s
+    q.done("k")
+    assert q.num_requeues("k") == 1
+
+    q.add("k")                              # a watch event before the retry is due
+    clock.advance(0.5)
+    assert take(q) == "k"                   # an early attempt, at 0.5 s...
+    q.add_rate_limited("k")                 # ...fails: not counted, retry stays at 1 s
+    q.done("k")
+    assert q.num_requeues("k") == 1
+
+    clock.advance(0.5)
+    assert take(q) == "k"                   # the retry, on time
+    q.add_rate_limited("k")                 # fails: counted, next in 2 s
+    q.done("k")
+    assert q.num_requeues("k") == 2
+    clock.advance(1.999)
+    assert take(q) is None
+    clock.advance(0.001)
+    assert take(q) == "k"
+
+
+def test_kubernetes_132805_early_attempt_that_outlives_the_due_time(clock):
+    q = WorkQueue("q", clock=clock, rate_limiter=ItemExponentialLimiter(1.0, 1000.0))
+    q.add_rate_limited("k")                 # failure 1, due in 1 s
+    q.add("k")
+    assert take(q) == "k"                   # early attempt starts at 0 s
+    clock.advance(3.0)                      # ...runs past the due time, fails at 3 s
+    assert take(q) is None                  # the due retry waits for done(), never concurrent
+    q.add_rate_limited("k")
+    q.done("k")
+    assert q.num_requeues("k") == 1         # not counted: it started before the retry was due
+    assert take(q) == "k"                   # the pending retry runs right away
+
+
+def test_add_rate_limited_outside_processing_keeps_the_pending_retry(clock):
+    q = WorkQueue("q", clock=clock, rate_limiter=ItemExponentialLimiter(1.0, 1000.0))
+    q.add_rate_limited("k")
+    q.add_rate_limited("k")
+    assert q.num_requeues("k") == 1
+    clock.advance(1.0)
+    assert drain(q) == ["k"]
+
+
+def test_a_forgotten_key_counts_failures_from_scratch(clock):
+    q = WorkQueue("q", clock=clock, rate_limiter=ItemExponentialLimiter(1.0, 1000.0))
+    q.add_rate_limited("k")
+    q.forget("k")
+    q.add("k")
+    assert take(q) == "k"
+    q.add_rate_limited("k")                 # counted: the old due time was forgotten
+    q.done("k")
+    assert q.num_requeues("k") == 1
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+def sample(registry, name, queue_name="q"):
+    return registry.get_sample_value(name, {"name": queue_name, "controller": queue_name})
+
+
+def test_metrics(clock):
+    registry = CollectorRegistry()
+    q = WorkQueue("q", clock=clock, metrics=Metrics(registry),
+                  rate_limiter=ItemExponentialLimiter(1.0, 10.0))
+    q.add("a")
+    q.add("a")
+    q.add("b")
+    assert sample(registry, "workqueue_depth") == 2
+    assert sample(registry, "workqueue_adds_total") == 2
+
+    clock.advance(2.0)
+    assert take(q) == "a"
+    assert sample(registry, "workqueue_depth") == 1
+    assert sample(registry, "workqueue_queue_duration_seconds_count") == 1
+    assert sample(registry, "workqueue_queue_duration_seconds_sum") == pytest.approx(2.0)
+
+    clock.advance(3.0)
+    assert take(q) == "b"
+    clock.advance(1.0)
+    # in flight: "a" for 4 s, "b" for 1 s
+    assert sample(registry, "workqueue_unfinished_work_seconds") == pytest.approx(5.0)
+    assert sample(registry, "workqueue_longest_running_processor_seconds") == pytest.approx(4.0)
+
+    q.add_rate_limited("a")
+    q.done("a")
+    q.done("b")
+    assert sample(registry, "workqueue_retries_total") == 1
+    assert sample(registry, "workqueue_work_duration_seconds_count") == 2
+    assert sample(registry, "workqueue_work_duration_seconds_sum") == pytest.approx(5.0)
+    assert sample(registry, "workqueue_unfinished_work_seconds") == 0
+    assert sample(registry, "workqueue_longest_running_processor_seconds") == 0
+    assert sample(registry, "workqueue_depth") == 0         # "a" is delayed, not queued
+    clock.advance(1.0)
+    assert take(q) == "a"
+    assert sample(registry, "workqueue_adds_total") == 3
+
+
+def test_metrics_of_a_collected_queue_read_zero(clock):
+    import gc
+
+    registry = CollectorRegistry()
+    q = WorkQueue("gone", clock=clock, metrics=Metrics(registry))
+    q.add("a")
+    take(q)
+    del q
+    gc.collect()
+    assert sample(registry, "workqueue_unfinished_work_seconds", "gone") == 0
+
+
+# -- the property: 16 real threads -------------------------------------------------------------
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), n_keys=st.integers(1, 3000),
+       n_ops=st.integers(200, 4000), p_delayed=st.floats(0.0, 0.5),
+       p_readd=st.floats(0.0, 0.6))
+def test_property_concurrent_workers(seed, n_keys, n_ops, p_delayed, p_readd):
+    """16 workers, 4 producers, random add / add_after / add_rate_limited / clock moves.
+
+    - no key is ever held by two workers at once;
+    - every add of a key is followed by a get() of that key that started after it;
+    - nothing is lost at shutdown: queued and re-added keys are all handed out,
+      then every worker sees (None, True).
+    """
+    clock = FakeClock()
+    q = WorkQueue("prop", clock=clock,
+                  rate_limiter=MaxOfLimiter(ItemExponentialLimiter(0.5, 30.0),
+                                            BucketLimiter(10.0, 100)))
+    ticks = itertools.count()
+    mu = threading.Lock()                   # guards the bookkeeping below
+    in_flight: set = set()
+    last_add: dict = {}                     # key -> tick just before its last add call
+    last_start: dict = {}                   # key -> tick just after its last get()
+    violations: list = []
+    readd_gate = threading.Lock()
+    readd_open = [True]
+
+    def record_add(key):
+        with mu:
+            last_add[key] = next(ticks)
+
+    def add_somehow(rng, key):
+        record_add(key)
+        roll = rng.random()
+        if roll < p_delayed:
+            q.add_after(key, rng.uniform(0.0, 3.0))
+        elif roll < p_delayed * 1.5:
+            q.add_rate_limited(key)
+        else:
+            q.add(key)
+
+    def producer(index):
+        rng = random.Random(seed + index)
+        for _ in range(n_ops // 4):
+            if rng.random() < 0.05:
+                clock.advance(rng.uniform(0.0, 1.0))
+                q.wake()
+            add_somehow(rng, rng.randrange(n_keys))
+
+    def worker(index):
+        rng = random.Random(seed * 31 + index)
+        while True:
+            key, shut_down = q.get(timeout_seconds=0.05)
+            if shut_down:
+                return
+            if key is None:
+                continue
+            with mu:
+                if key in in_flight:
+                    violations.append(f"{key} handed to two workers")
+                in_flight.add(key)
+                last_start[key] = next(ticks)
+            if rng.random() < p_readd:
+                with readd_gate:            # no re-adds once the test starts shutting down
+                    if readd_open[0]:
+                        add_somehow(rng, key)
+            with mu:
+                in_flight.discard(key)      # before done(): then another worker may take it
+            if rng.random() < 0.5:
+                q.forget(key)
+            q.done(key)
+
+    workers = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(16)]
+    producers = [threading.Thread(target=producer, args=(i,), daemon=True) for i in range(4)]
+    for thread in workers + producers:
+        thread.start()
+    for thread in producers:
+        thread.join(60)
+    with readd_gate:
+        readd_open[0] = False
+    clock.advance(1e6)                      # every delayed key is due
+    q.shutdown(drain=True, timeout_seconds=30)
+    for thread in workers:
+        thread.join(60)
+        assert not thread.is_alive()
+
+    assert violations == []
+    lost = [key for key, tick in last_add.items() if last_start.get(key, -1) < tick]
+    assert lost == []
+    assert q.get(timeout_seconds=0) == (None, True)
+    assert len(q) == 0
