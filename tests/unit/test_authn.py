@@ -1,0 +1,153 @@
+"""MetricsAuthorizer: TokenReview + SubjectAccessReview decisions and their caches (fake client)."""
+
+import pytest
+
+from k8s_http import errors
+from k8s_http.authn import MetricsAuthorizer, server_tls_context
+from k8s_http.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
+
+PROMETHEUS = {"username": "system:serviceaccount:monitoring:prometheus", "uid": "u-1",
+              "groups": ["system:serviceaccounts", "system:authenticated"],
+              "extra": {"authentication.kubernetes.io/pod-name": ["prometheus-0"]}}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeClient:
+    """Answers TokenReviews from `tokens` and SubjectAccessReviews from `allowed`."""
+
+    def __init__(self):
+        self.tokens = {"good": PROMETHEUS}
+        self.allowed = {PROMETHEUS["username"]}
+        self.created = []
+        self.fail = None
+
+    def create(self, resource, obj, *, namespace=None):
+        self.created.append((resource, obj))
+        if self.fail:
+            raise self.fail
+        if resource is TOKENREVIEWS:
+            user = self.tokens.get(obj["spec"]["token"])
+            return {"status": {"authenticated": True, "user": user} if user else {}}
+        assert resource is SUBJECTACCESSREVIEWS
+        allowed = obj["spec"]["user"] in self.allowed
+        return {"status": {"allowed": allowed, "reason": "" if allowed else "no RBAC rule"}}
+
+    def count(self, resource):
+        return sum(1 for r, _ in self.created if r is resource)
+
+
+@pytest.fixture
+def setup():
+    client, clock = FakeClient(), FakeClock()
+    return MetricsAuthorizer(client, clock=clock), client, clock
+
+
+def test_allowed_scrape_and_the_reviews_sent(setup):
+    authz, client, _ = setup
+    decision = authz.check("Bearer good")
+    assert (decision.code, decision.user) == (200, PROMETHEUS["username"])
+    (_, review), (_, sar) = client.created
+    assert review == {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                      "metadata": {}, "spec": {"token": "good"}}
+    assert sar == {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                   "metadata": {}, "spec": {"user": PROMETHEUS["username"], "uid": "u-1",
+                            "groups": PROMETHEUS["groups"], "extra": PROMETHEUS["extra"],
+                            "nonResourceAttributes": {"path": "/metrics", "verb": "get"}}}
+
+
+@pytest.mark.parametrize("header", [None, "", "Basic dXNlcjpwYXNz", "Bearer", "Bearer   "])
+def test_no_bearer_token_is_401_without_asking(setup, header):
+    authz, client, _ = setup
+    assert authz.check(header).code == 401
+    assert client.created == []
+
+
+def test_rejected_token_is_401(setup):
+    authz, _, _ = setup
+    assert authz.check("Bearer forged").code == 401
+
+
+def test_authenticated_but_not_authorized_is_403(setup):
+    authz, client, _ = setup
+    client.tokens["other"] = {"username": "alice", "groups": []}
+    decision = authz.check("bearer other")
+    assert decision.code == 403
+    assert "'alice' may not get /metrics: no RBAC rule" in decision.reason
+
+
+def test_token_reviews_cached_one_minute(setup):
+    authz, client, clock = setup
+    for _ in range(5):
+        assert authz.check("Bearer good").allowed
+    assert client.count(TOKENREVIEWS) == 1
+    clock.now += 59.9
+    authz.check("Bearer good")
+    assert client.count(TOKENREVIEWS) == 1
+    clock.now += 0.1
+    authz.check("Bearer good")
+    assert client.count(TOKENREVIEWS) == 2
+
+
+def test_rejected_tokens_are_cached_too(setup):
+    authz, client, _ = setup
+    authz.check("Bearer forged")
+    authz.check("Bearer forged")
+    assert client.count(TOKENREVIEWS) == 1
+
+
+def test_allow_cached_five_minutes(setup):
+    authz, client, clock = setup
+    authz.check("Bearer good")
+    client.allowed.clear()              # RBAC revoked: seen after the allow TTL
+    clock.now += 299
+    client.tokens = {"good": PROMETHEUS}
+    assert authz.check("Bearer good").code == 200
+    clock.now += 1
+    assert authz.check("Bearer good").code == 403
+    assert client.count(SUBJECTACCESSREVIEWS) == 2
+
+
+def test_deny_cached_thirty_seconds(setup):
+    authz, client, clock = setup
+    client.allowed.clear()
+    assert authz.check("Bearer good").code == 403
+    client.allowed.add(PROMETHEUS["username"])   # a RoleBinding is created
+    clock.now += 29.9
+    assert authz.check("Bearer good").code == 403
+    clock.now += 0.1
+    assert authz.check("Bearer good").code == 200
+
+
+def test_api_errors_are_500_and_not_cached(setup):
+    authz, client, _ = setup
+    client.fail = errors.ApiConnectionError("connection refused")
+    assert authz.check("Bearer good").code == 500
+    client.fail = errors.NotLeaderError("a guarded client")
+    assert authz.check("Bearer good").code == 500
+    client.fail = None
+    assert authz.check("Bearer good").code == 200
+
+
+def test_the_token_is_not_kept_in_the_cache(setup):
+    authz, _, _ = setup
+    authz.check("Bearer good-token-value")
+    assert "good-token-value" not in repr(authz._tokens._items)
+
+
+def test_cache_is_bounded(setup):
+    authz, client, _ = setup
+    for i in range(5000):
+        authz.check(f"Bearer random-{i}")
+    assert len(authz._tokens._items) <= 4096
+
+
+def test_tls_context_names_the_files_when_missing(tmp_path):
+    with pytest.raises(ValueError, match="cannot load the metrics certificate"):
+        server_tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
