@@ -1,1 +1,45 @@
-"""k8s_http: a Kubernetes operator runtime on the Python standard library."""
+"""k8s_http: a Kubernetes operator runtime on the Python standard library.
+
+The public API, and nothing else. A minimal operator:
+
+    mgr = Manager(load_config(), "my-controller")
+    mgr.add_controller(MY, reconcile, owns=[DEPLOYMENTS, SERVICES], workers=4)
+    mgr.run()            # blocks until SIGTERM; start() returns, stop() is idempotent
+
+Importing this package connects to nothing, starts no thread, reads no
+configuration and configures no logging.
+"""
+
+from .client import ApiClient
+from .config import ClusterConfig, ConfigError, load_config
+from .errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeoutError,
+                     BadRequestError, ConflictError, ForbiddenError, GoneError, InvalidError,
+                     K8sHttpError, NotFoundError, NotLeaderError, ProtocolError,
+                     RedirectError, ServerError, TooManyRequestsError, TransportError,
+                     UnauthorizedError)
+from .log import setup_logging
+from .manager import VERSION as __version__
+from .manager import Manager
+from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES, PODS,
+                      REPLICASETS, SECRETS, SERVICEACCOUNTS, SERVICES, ObjectKey, Resource,
+                      add_finalizer, controller_of, get_condition, has_finalizer,
+                      is_controlled_by, key_of, owner_reference, remove_finalizer,
+                      rfc3339_now, set_condition, strip_managed_fields)
+from .runner import Result, TerminalError
+from .watchproto import WatchEvent
+
+__all__ = [
+    "Manager", "Result", "TerminalError", "ObjectKey", "Resource",
+    "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
+    "ApiError", "BadRequestError", "UnauthorizedError", "ForbiddenError", "NotFoundError",
+    "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",
+    "TooManyRequestsError", "ServerError", "RedirectError", "TransportError",
+    "ApiConnectionError", "ApiTimeoutError", "ProtocolError", "NotLeaderError",
+    "K8sHttpError",
+    "CONFIGMAPS", "SERVICES", "EVENTS", "NAMESPACES", "PODS", "SECRETS", "SERVICEACCOUNTS",
+    "DEPLOYMENTS", "REPLICASETS", "LEASES", "CRDS",
+    "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
+    "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
+    "strip_managed_fields", "rfc3339_now",
+    "setup_logging",
+]

@@ -1,0 +1,352 @@
+"""The Manager: wires informers, queues, workers, probes and leader election.
+
+Start order (each step needs the one before):
+  1. probe and metrics servers, so the kubelet sees the process at once
+     (`/readyz` says 503 until the caches have synced);
+  2. informers, which list and then watch;
+  3. leader election, when asked for;
+  4. workers, which start reconciling only once every cache has synced and,
+     with leader election, while the lease is held;
+  5. a supervisor that restarts dead threads, keeps the queue gauges fresh and
+     re-enqueues every primary object once per resync period.
+
+Stop order is the reverse, and `stop()` is idempotent: `/readyz` turns 503,
+no new reconcile starts, in-flight ones get the graceful timeout, the lease is
+released, then the watches close.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry
+
+from .client import ApiClient
+from .config import ClusterConfig
+from .informer import Informer, own_key, owner_key
+from .leader import LeaderElector
+from .log import reconcile_context
+from .metrics import Metrics
+from .objects import ObjectKey, Resource
+from .probes import HealthChecks, ProbeServer
+from .runner import Result, Runner
+from .store import Store
+from .workqueue import WorkQueue
+
+__all__ = ["Manager"]
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+# How often the supervisor looks at thread health and refreshes queue gauges.
+SUPERVISE_INTERVAL_SECONDS = 1.0
+
+
+@dataclass
+class _Controller:
+    name: str
+    resource: Resource
+    queue: WorkQueue
+    runner: Runner
+    primary: Informer
+    informers: list[Informer] = field(default_factory=list)
+
+
+class Manager:
+    """Runs controllers: `add_controller(...)`, then `run()` (or `start()`/`stop()`)."""
+
+    def __init__(self, config: ClusterConfig, name: str, *,
+                 namespaces: Iterable[str] | None = None,
+                 metrics_bind_address: str = ":8080",
+                 health_probe_bind_address: str = ":8081",
+                 leader_elect: bool = False,
+                 leader_election_namespace: str | None = None,
+                 leader_election_id: str | None = None,
+                 qps: float = 0.0, burst: int = 0,
+                 graceful_shutdown_timeout_seconds: float = 25.0,
+                 registry: CollectorRegistry | None = None,
+                 resync_period_seconds: float = 36000.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 exit_process: Callable[[int], None] = os._exit):
+        self.name = name
+        self.config = config
+        self.namespaces = list(namespaces) if namespaces else None
+        self.metrics_bind_address = metrics_bind_address
+        self.health_probe_bind_address = health_probe_bind_address
+        self.graceful_shutdown_timeout_seconds = graceful_shutdown_timeout_seconds
+        self.resync_period_seconds = resync_period_seconds
+        self._clock = clock
+        self._exit_process = exit_process
+
+        # A registry of our own unless the caller shares one; the process and
+        # platform collectors belong to the process, so only ours gets them.
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = Metrics(self.registry, process_collectors=registry is None)
+        self.metrics.build_info.info({"version": VERSION, "manager": name})
+
+        self.client = ApiClient.from_config(config, qps=qps, burst=burst, metrics=self.metrics)
+        self._elector: LeaderElector | None = None
+        if leader_elect:
+            lease_name = leader_election_id or name
+            # The elector writes the Lease itself, so it gets a client without
+            # the write guard (which would refuse the renewal that keeps it leader).
+            self._elector = LeaderElector(
+                ApiClient(self.client.transport),
+                namespace=leader_election_namespace or config.namespace,
+                name=lease_name,
+                identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:10]}",
+                metrics=self.metrics, clock=clock)
+            # Every write checks that the lease is still held.
+            self.client.write_guard = self._elector.check
+            self.metrics.init_leader(lease_name)
+
+        self._informers: dict[tuple[Resource, str | None], Informer] = {}
+        self._controllers: list[_Controller] = []
+        self._threads: list[threading.Thread] = []
+        self._servers: list[ProbeServer] = []
+        self._stop = threading.Event()          # set: the manager is stopping
+        # The elector keeps renewing until the drain is over and the lease is
+        # released (as controller-runtime cancels election last): stopping it
+        # with _stop would let the lease lapse under slow in-flight reconciles.
+        self._elector_stop = threading.Event()
+        self._stopped = threading.Event()       # set: stop() has finished
+        self._stop_lock = threading.Lock()
+        self._started = False
+        self._exit_code = 0
+        self._signals_received = 0
+
+        self.healthz = HealthChecks()
+        self.readyz = HealthChecks()
+        self.readyz.add("shutdown", lambda: (not self._stop.is_set(),
+                                              "shutting down" if self._stop.is_set() else "ok"))
+
+    # ---- building -------------------------------------------------------
+
+    def _informer(self, resource: Resource, label_selector: str | None) -> Informer:
+        key = (resource, label_selector)
+        informer = self._informers.get(key)
+        if informer is None:
+            informer = Informer(self.client, resource, namespaces=self.namespaces,
+                                label_selector=label_selector, metrics=self.metrics,
+                                clock=self._clock)
+            self._informers[key] = informer
+            check_name = f"informer-{resource}"
+            if label_selector:
+                check_name += f"[{label_selector}]"
+            self.readyz.add(check_name, lambda i=informer: (i.has_synced(),
+                                                            "synced" if i.has_synced()
+                                                            else "initial list not finished"))
+            self.healthz.add(check_name, lambda i=informer: i.is_healthy(now=self._clock()))
+        return informer
+
+    def add_controller(self, resource: Resource,
+                       reconcile: Callable[[ObjectKey], Result | None], *,
+                       owns: Iterable[Resource] = (), owns_label_selector: str | None = None,
+                       label_selector: str | None = None, workers: int = 4,
+                       name: str | None = None) -> None:
+        """Reconcile `resource` objects; changes to `owns` objects map to their controlling owner.
+
+        `owns_label_selector` narrows the owned watches server-side so the
+        cache holds only our children (e.g. a managed-by label).
+        """
+        if self._started:
+            raise RuntimeError("add_controller() after start()")
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        name = name or (resource.kind or resource.plural).lower()
+        queue = WorkQueue(name, metrics=self.metrics, clock=self._clock)
+        primary = self._informer(resource, label_selector)
+        primary.add_handler(own_key, queue)
+        informers = [primary]
+        for owned in owns:
+            informer = self._informer(owned, owns_label_selector)
+            informer.add_handler(owner_key(resource.kind, resource.group), queue)
+            informers.append(informer)
+        runner = Runner(name, queue, reconcile, workers=workers, metrics=self.metrics,
+                        clock=self._clock, can_start=self._may_reconcile,
+                        log_context=reconcile_context)
+        self.metrics.init_controller(name, workers)
+        self._controllers.append(_Controller(name, resource, queue, runner, primary, informers))
+        self.healthz.add(f"workers-{name}", lambda r=runner: (r.threads_alive(),
+                                                               "ok" if r.threads_alive()
+                                                               else "a worker thread died"))
+
+    def store(self, resource: Resource, label_selector: str | None = None) -> Store:
+        """The cache of `resource`; with one informer per resource the selector may be omitted."""
+        informer = self._informers.get((resource, label_selector))
+        if informer is None:
+            matches = [i for (r, _), i in self._informers.items() if r == resource]
+            if len(matches) != 1:
+                raise KeyError(f"no single informer for {resource}; add it to a controller first")
+            informer = matches[0]
+        return informer.store
+
+    # ---- running --------------------------------------------------------
+
+    def _caches_synced(self) -> bool:
+        return all(i.has_synced() for i in self._informers.values())
+
+    def _may_reconcile(self) -> bool:
+        """The gate every worker checks before it starts a reconcile."""
+        if self._stop.is_set() or not self._caches_synced():
+            return False
+        return self._elector is None or self._elector.is_leader()
+
+    def is_leader(self) -> bool:
+        return self._elector is None or self._elector.is_leader()
+
+    def _start_servers(self) -> None:
+        metrics_addr, probe_addr = self.metrics_bind_address, self.health_probe_bind_address
+        if metrics_addr != "0" and metrics_addr == probe_addr:
+            self._servers.append(ProbeServer(metrics_addr, registry=self.registry,
+                                             healthz=self.healthz, readyz=self.readyz))
+        else:
+            if metrics_addr != "0":
+                self._servers.append(ProbeServer(metrics_addr, registry=self.registry,
+                                                 healthz=None, readyz=None))
+            if probe_addr != "0":
+                self._servers.append(ProbeServer(probe_addr, registry=None,
+                                                 healthz=self.healthz, readyz=self.readyz))
+        for server in self._servers:
+            server.start()
+
+    @property
+    def server_ports(self) -> list[int]:
+        """Bound ports of the metrics/probe servers, in start order (for tests on port 0)."""
+        return [s.port for s in self._servers]
+
+    def start(self) -> None:
+        """Start everything and return; `stop()` undoes it."""
+        if self._started:
+            return
+        self._started = True
+        self._start_servers()
+        for informer in self._informers.values():
+            informer.start()
+        if self._elector is not None:
+            t = threading.Thread(target=self._elector.run, name="leader-election",
+                                 args=(self._elector_stop, self._on_started_leading,
+                                       self._on_stopped_leading), daemon=True)
+            t.start()
+            self._threads.append(t)
+        for controller in self._controllers:
+            controller.runner.start()
+        supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        supervisor.start()
+        self._threads.append(supervisor)
+        self.healthz.add("supervisor", lambda: (supervisor.is_alive() or self._stop.is_set(),
+                                                "ok" if supervisor.is_alive() else "dead"))
+        log.info("manager started", extra={"manager": self.name,
+                                           "controllers": [c.name for c in self._controllers]})
+
+    def _on_started_leading(self) -> None:
+        log.info("became leader; reconciling")
+
+    def _on_stopped_leading(self) -> None:
+        """Lease lost: new reconciles already stopped (the gate reads is_leader()).
+
+        Wait for the in-flight ones, then return so the elector campaigns again
+        with warm caches. If they do not finish in time, the process cannot
+        promise it is no longer writing: exit non-zero and let the kubelet restart it.
+        """
+        if self._stop.is_set():
+            return
+        log.warning("lost the leader lease; waiting for in-flight reconciles before campaigning")
+        if not self._wait_idle(self.graceful_shutdown_timeout_seconds):
+            log.error("in-flight reconciles did not finish within %.0f s after losing the "
+                      "lease; exiting", self.graceful_shutdown_timeout_seconds)
+            self._exit_process(1)
+
+    def _wait_idle(self, timeout_seconds: float) -> bool:
+        deadline = self._clock() + timeout_seconds
+        for controller in self._controllers:
+            remaining = max(0.0, deadline - self._clock())
+            if not controller.runner.wait_idle(remaining):
+                return False
+        return True
+
+    def _supervise(self) -> None:
+        next_resync = self._clock() + self.resync_period_seconds
+        while not self._stop.wait(SUPERVISE_INTERVAL_SECONDS):
+            try:
+                for informer in self._informers.values():
+                    informer.restart_if_dead()
+                for controller in self._controllers:
+                    restarted = controller.runner.restart_dead_threads()
+                    if restarted:
+                        log.error("restarted %d dead worker thread(s) of %s", restarted,
+                                  controller.name)
+                if self._clock() >= next_resync:
+                    next_resync = self._clock() + self.resync_period_seconds
+                    self.resync()
+            except Exception:  # the supervisor must outlive any one bad round
+                log.exception("supervisor round failed")
+
+    def resync(self) -> None:
+        """Re-enqueue every primary object (level-based: converged objects cost no writes)."""
+        for controller in self._controllers:
+            for key in controller.primary.store.keys():
+                controller.queue.add(key)
+
+    def stop(self) -> int:
+        """Graceful stop; idempotent and safe from any thread. Returns the exit code."""
+        with self._stop_lock:
+            if self._stopped.is_set() or self._stop.is_set():
+                first = False
+            else:
+                first = True
+                self._stop.set()        # readyz 503 and the worker gate close at once
+        if not first:
+            self._stopped.wait(self.graceful_shutdown_timeout_seconds + 5)
+            return self._exit_code
+        log.info("stopping: draining in-flight reconciles (up to %.0f s)",
+                 self.graceful_shutdown_timeout_seconds)
+        for controller in self._controllers:
+            controller.runner.stop()
+        if not self._wait_idle(self.graceful_shutdown_timeout_seconds):
+            log.error("in-flight reconciles did not finish within the graceful timeout")
+            self._exit_code = 1
+        for controller in self._controllers:
+            controller.queue.shutdown(drain=False)
+        if self._elector is not None:
+            self._elector_stop.set()
+            try:
+                self._elector.release()
+            except Exception:
+                log.exception("releasing the leader lease failed")
+        for informer in self._informers.values():
+            informer.stop()
+        for server in self._servers:
+            server.stop()
+        self.client.transport.close()
+        self._stopped.set()
+        log.info("stopped", extra={"exit_code": self._exit_code})
+        return self._exit_code
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._signals_received += 1
+        if self._signals_received > 1:
+            log.warning("second signal (%s): exiting at once", signal.Signals(signum).name)
+            self._exit_process(1)
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        # The handler runs on the main thread, which run() parks on _stop.
+        self._stop_requested.set()
+
+    def run(self) -> int:
+        """Start, block until SIGTERM/SIGINT (or stop() from elsewhere), stop; the exit code."""
+        self._stop_requested = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self.start()
+        while not (self._stop_requested.wait(0.5) or self._stop.is_set()):
+            pass
+        return self.stop()

@@ -1,0 +1,118 @@
+"""The package's shape: dependencies point one way, and the public API is pinned.
+
+A module may import only from layers strictly below its own (docs/ARCHITECTURE.md).
+The runtime may import only the standard library, PyYAML and prometheus-client.
+"""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import k8s_http
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "k8s_http"
+
+LAYERS = {
+    "errors": 0, "objects": 0,
+    "watchproto": 1, "backoff": 1, "config": 1, "metrics": 1, "log": 1,
+    "transport": 2,
+    "client": 3, "store": 3, "workqueue": 3,
+    "watcher": 4, "leader": 4, "runner": 4, "events": 4, "authn": 4,
+    "informer": 5, "probes": 5,
+    "manager": 6,
+}
+
+THIRD_PARTY_ALLOWED = {"yaml", "prometheus_client"}
+
+
+def _imports(path: pathlib.Path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from .x import y / from . import x
+                if node.module:
+                    yield "k8s_http." + node.module.split(".")[0]
+                else:
+                    for alias in node.names:
+                        yield "k8s_http." + alias.name
+            elif node.module:
+                yield node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+
+
+def _modules():
+    return sorted(p for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+
+
+def test_every_module_has_a_layer():
+    unknown = [p.stem for p in _modules() if p.stem not in LAYERS]
+    assert not unknown, f"add these modules to LAYERS and docs/ARCHITECTURE.md: {unknown}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.stem)
+def test_imports_point_down(path):
+    mine = LAYERS[path.stem]
+    for name in _imports(path):
+        top = name.split(".")[0]
+        if top == "k8s_http":
+            dep = name.split(".")[1] if "." in name else "__init__"
+            assert dep != "__init__", f"{path.stem} imports the package root"
+            assert LAYERS[dep] < mine, f"{path.stem} (layer {mine}) imports {dep} (layer {LAYERS[dep]})"
+        else:
+            assert top in sys.stdlib_module_names or top in THIRD_PARTY_ALLOWED, \
+                f"{path.stem} imports third-party {top}"
+
+
+def test_controller_imports_only_the_package_root():
+    for name in _imports(ROOT / "controller.py"):
+        top = name.split(".")[0]
+        if top == "k8s_http":
+            assert name == "k8s_http", f"controller.py imports {name}; use the package root"
+        else:
+            assert top in sys.stdlib_module_names or top in THIRD_PARTY_ALLOWED, top
+
+
+def test_public_api_is_pinned():
+    assert sorted(k8s_http.__all__) == sorted(EXPECTED_API)
+    for name in k8s_http.__all__:
+        assert hasattr(k8s_http, name), name
+
+
+def test_import_pulls_in_no_third_party_http_library_and_has_no_side_effects():
+    code = ("import sys, threading, logging; import k8s_http, controller; "
+            "bad = [m for m in ('requests', 'urllib3', 'aiohttp', 'httpx', 'kubernetes') "
+            "if m in sys.modules]; "
+            "assert not bad, bad; "
+            "assert threading.active_count() == 1, threading.enumerate(); "
+            "assert not logging.getLogger().handlers; print('clean')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "clean", out.stderr
+
+
+EXPECTED_API = [
+    # running controllers
+    "Manager", "Result", "TerminalError", "ObjectKey", "Resource",
+    # talking to the apiserver
+    "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
+    # errors
+    "ApiError", "BadRequestError", "UnauthorizedError", "ForbiddenError", "NotFoundError",
+    "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",
+    "TooManyRequestsError", "ServerError", "RedirectError", "TransportError",
+    "ApiConnectionError", "ApiTimeoutError", "ProtocolError", "NotLeaderError",
+    "K8sHttpError",
+    # resources
+    "CONFIGMAPS", "SERVICES", "EVENTS", "NAMESPACES", "PODS", "SECRETS", "SERVICEACCOUNTS",
+    "DEPLOYMENTS", "REPLICASETS", "LEASES", "CRDS",
+    # object helpers
+    "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
+    "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
+    "strip_managed_fields", "rfc3339_now",
+    # logging
+    "setup_logging",
+]
