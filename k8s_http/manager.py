@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from .client import ApiClient
 from .config import ClusterConfig
@@ -88,6 +88,10 @@ class Manager:
 
         # A registry of our own unless the caller shares one; the process and
         # platform collectors belong to the process, so only ours gets them.
+        # The *_created series prometheus-client adds by default are not in
+        # controller-runtime's exposition and double the series count; this
+        # switch is process-wide, and a manager owns its process.
+        disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry, process_collectors=registry is None)
         self.metrics.build_info.info({"version": VERSION, "manager": name})
