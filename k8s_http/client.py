@@ -1,0 +1,340 @@
+"""`ApiClient`: the Kubernetes verbs on plain-dict objects, over a `Transport`.
+
+Objects go in and come out as dicts with camelCase keys, exactly as on the
+wire. Every write (create, replace, patch, apply, the status writes, delete)
+first calls `write_guard`, so a process that has lost its leader lease cannot
+write (`LeaderElector.check` raises NotLeaderError). Errors are the typed
+exceptions of `errors`; nothing here retries beyond the transport's policy,
+except the pager's one fallback when a continue token expires.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from .config import ClusterConfig
+from .errors import ApiConnectionError, ApiTimeoutError, GoneError, ProtocolError, from_status
+from .objects import Resource
+from .transport import Stream, Transport
+from .watchproto import LineDecoder, WatchEvent
+
+__all__ = ["ApiClient", "WatchStream", "PATCH_CONTENT_TYPES", "APPLY_CONTENT_TYPE"]
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+PATCH_CONTENT_TYPES = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+# Server-side apply takes YAML, and JSON is YAML: we send JSON.
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+
+
+def _encode(body) -> bytes:
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def _meta(obj: dict) -> dict:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        raise ValueError("the object has no metadata")
+    return meta
+
+
+def _name(meta: dict) -> str:
+    name = meta.get("name")
+    if not name:
+        raise ValueError("the object has no metadata.name")
+    return name
+
+
+class ApiClient:
+    def __init__(self, transport: Transport, *, write_guard: Callable[[], None] | None = None):
+        self.transport = transport
+        # Called before every write; raises (NotLeaderError) to refuse it.
+        self.write_guard = write_guard
+
+    @classmethod
+    def from_config(cls, config: ClusterConfig, *, write_guard: Callable[[], None] | None = None,
+                    **transport_kwargs) -> "ApiClient":
+        return cls(Transport(config, **transport_kwargs), write_guard=write_guard)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> "ApiClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- reads
+
+    def get(self, resource: Resource, name: str, *, namespace: str | None = None,
+            subresource: str | None = None) -> dict:
+        path = resource.path(self._object_namespace(resource, namespace), name, subresource)
+        return self._json("GET", path)
+
+    def list(self, resource: Resource, *, namespace: str | None = None,
+             label_selector: str | None = None, field_selector: str | None = None,
+             limit: int | None = 500, resource_version: str | None = None) -> dict:
+        """All pages merged: {"apiVersion", "kind", "metadata": {"resourceVersion"}, "items"}.
+
+        Items get apiVersion and kind filled in (the apiserver leaves them out
+        of list items). If a continue token expires (410) mid-way, the pages
+        read so far are dropped and the list is made again in one unpaginated
+        request at the same resourceVersion -- client-go's pager fallback --
+        so the result is always one consistent snapshot.
+        """
+        path = resource.path(namespace if resource.namespaced else None)
+        base = {"labelSelector": label_selector, "fieldSelector": field_selector,
+                "resourceVersion": resource_version}
+        query = dict(base, limit=limit or None)
+        pages = []
+        while True:
+            try:
+                page = self._json("GET", path, query=query)
+            except GoneError:
+                if not query.get("continue"):
+                    raise
+                log.info("list %s: continue token expired after %d pages; listing again "
+                         "in one request", path, len(pages))
+                pages = [self._json("GET", path, query=base)]
+                break
+            pages.append(page)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+            # resourceVersion travels inside the token; the apiserver rejects both at once.
+            query = dict(base, resourceVersion=None, limit=limit or None)
+            query["continue"] = token
+        return _merge_pages(pages, resource)
+
+    def watch(self, resource: Resource, *, namespace: str | None = None,
+              label_selector: str | None = None, field_selector: str | None = None,
+              resource_version: str | None = None, allow_bookmarks: bool = True,
+              timeout_seconds: float | None = None,
+              stall_timeout_seconds: float = 90.0) -> "WatchStream":
+        path = resource.path(namespace if resource.namespaced else None)
+        query = {"watch": "1", "labelSelector": label_selector,
+                 "fieldSelector": field_selector, "resourceVersion": resource_version,
+                 "allowWatchBookmarks": "true" if allow_bookmarks else None,
+                 "timeoutSeconds": str(int(timeout_seconds)) if timeout_seconds else None}
+        stream = self.transport.stream(path, query=query,
+                                       read_timeout_seconds=stall_timeout_seconds)
+        return WatchStream(stream, stall_timeout_seconds=stall_timeout_seconds)
+
+    # -- writes
+
+    def create(self, resource: Resource, obj: dict, *, namespace: str | None = None,
+               dry_run: bool = False, field_manager: str | None = None) -> dict:
+        self._guard()
+        ns = self._object_namespace(resource, namespace or _meta(obj).get("namespace"))
+        query = {"dryRun": "All" if dry_run else None, "fieldManager": field_manager}
+        return self._json("POST", resource.path(ns), query=query, body=_typed(obj, resource))
+
+    def replace(self, resource: Resource, obj: dict, *, namespace: str | None = None,
+                subresource: str | None = None) -> dict:
+        """PUT; obj.metadata.resourceVersion is the precondition (ConflictError when stale)."""
+        self._guard()
+        meta = _meta(obj)
+        ns = self._object_namespace(resource, namespace or meta.get("namespace"))
+        return self._json("PUT", resource.path(ns, _name(meta), subresource),
+                          body=_typed(obj, resource))
+
+    def patch(self, resource: Resource, name: str, patch, *, namespace: str | None = None,
+              patch_type: str = "merge", subresource: str | None = None,
+              field_manager: str | None = None) -> dict:
+        """patch_type: "merge" (RFC 7386), "strategic" or "json" (RFC 6902, a list of ops)."""
+        try:
+            content_type = PATCH_CONTENT_TYPES[patch_type]
+        except KeyError:
+            raise ValueError(f"unknown patch_type {patch_type!r}: use one of "
+                             f"{', '.join(PATCH_CONTENT_TYPES)}") from None
+        self._guard()
+        path = resource.path(self._object_namespace(resource, namespace), name, subresource)
+        return self._json("PATCH", path, query={"fieldManager": field_manager}, body=patch,
+                          content_type=content_type)
+
+    def apply(self, resource: Resource, obj: dict, *, field_manager: str, force: bool = False,
+              namespace: str | None = None, subresource: str | None = None,
+              dry_run: bool = False) -> dict:
+        """Server-side apply: `obj` is the full intent of `field_manager`."""
+        if not field_manager:
+            raise ValueError("server-side apply needs a field_manager")
+        self._guard()
+        meta = _meta(obj)
+        ns = self._object_namespace(resource, namespace or meta.get("namespace"))
+        query = {"fieldManager": field_manager, "force": "true" if force else None,
+                 "dryRun": "All" if dry_run else None}
+        return self._json("PATCH", resource.path(ns, _name(meta), subresource),
+                          query=query, body=_typed(obj, resource),
+                          content_type=APPLY_CONTENT_TYPE)
+
+    def patch_status(self, resource: Resource, name: str, patch, *,
+                     namespace: str | None = None, patch_type: str = "merge") -> dict:
+        return self.patch(resource, name, patch, namespace=namespace, patch_type=patch_type,
+                          subresource="status")
+
+    def replace_status(self, resource: Resource, obj: dict, *,
+                       namespace: str | None = None) -> dict:
+        return self.replace(resource, obj, namespace=namespace, subresource="status")
+
+    def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
+               propagation_policy: str | None = None,
+               preconditions: dict | None = None) -> dict | None:
+        """DELETE with DeleteOptions; returns what the server answered (the object or a Status)."""
+        self._guard()
+        path = resource.path(self._object_namespace(resource, namespace), name)
+        options: dict = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if propagation_policy:
+            options["propagationPolicy"] = propagation_policy
+        if preconditions:
+            options["preconditions"] = preconditions
+        resp = self.transport.request("DELETE", path, body=_encode(options), content_type=JSON)
+        return resp.json() if resp.body else None
+
+    # -- helpers
+
+    def _guard(self) -> None:
+        if self.write_guard is not None:
+            self.write_guard()
+
+    def _json(self, method: str, path: str, *, query: dict | None = None, body=None,
+              content_type: str | None = None) -> dict:
+        data = None if body is None else _encode(body)
+        resp = self.transport.request(method, path, query=query, body=data,
+                                      content_type=content_type or (JSON if data else None))
+        return resp.json()
+
+    @staticmethod
+    def _object_namespace(resource: Resource, namespace: str | None) -> str | None:
+        if not resource.namespaced:
+            return None
+        if not namespace:
+            raise ValueError(f"{resource} is namespaced: give a namespace")
+        return namespace
+
+
+def _typed(obj: dict, resource: Resource) -> dict:
+    """obj with apiVersion/kind filled in from the resource if missing (apply requires them)."""
+    if obj.get("apiVersion") and obj.get("kind") or not resource.kind:
+        return obj
+    out = dict(obj)
+    out.setdefault("apiVersion", resource.api_version)
+    out.setdefault("kind", resource.kind)
+    return out
+
+
+def _merge_pages(pages: list[dict], resource: Resource) -> dict:
+    first, last = pages[0], pages[-1]
+    api_version = first.get("apiVersion") or resource.api_version
+    list_kind = first.get("kind") or f"{resource.kind}List"
+    item_kind = list_kind[:-4] if list_kind.endswith("List") and list_kind != "List" \
+        else resource.kind
+    items = []
+    for page in pages:
+        page_items = page.get("items")
+        if page_items is None:
+            page_items = []
+        if not isinstance(page_items, list):
+            raise ProtocolError(f"list {resource}: items is not a list")
+        for item in page_items:
+            if isinstance(item, dict):
+                item.setdefault("apiVersion", api_version)
+                if item_kind:
+                    item.setdefault("kind", item_kind)
+                items.append(item)
+    rv = (last.get("metadata") or {}).get("resourceVersion", "")
+    return {"apiVersion": api_version, "kind": list_kind,
+            "metadata": {"resourceVersion": rv}, "items": items}
+
+
+class WatchStream:
+    """The events of one watch request; iterable once, context manager.
+
+    Iteration ends when the server ends the stream cleanly (timeoutSeconds)
+    or after close(). It raises: an ERROR event as its typed error
+    (`from_status`, 410 -> GoneError); malformed input as ProtocolError
+    (WatchDecodeError, ChunkedFramingError); no complete event for
+    `stall_timeout_seconds` -- silence, or bytes trickling in that never
+    finish an event -- as ApiTimeoutError; a stream cut in the middle of an
+    event as ApiConnectionError. After any of these the stream is closed and
+    the caller reconnects.
+    """
+
+    def __init__(self, stream: Stream, *, stall_timeout_seconds: float = 90.0,
+                 max_line_bytes: int = 16 * 1024 * 1024, clock=time.monotonic):
+        self._stream = stream
+        self._decoder = LineDecoder(max_line_bytes=max_line_bytes)
+        self.stall_timeout_seconds = stall_timeout_seconds
+        # Real time by default: the stall bounds real socket waits.
+        self._clock = clock
+        self._closed = False
+
+    @property
+    def skipped(self) -> int:
+        """Well-formed lines that were not usable events (unknown type, no object)."""
+        return self._decoder.skipped
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        try:
+            last_event = self._clock()
+            while True:
+                event = self._decoder.next_event()
+                if event is not None:
+                    last_event = self._clock()
+                    if event.type == "ERROR":
+                        raise _watch_error(event.object, self._stream.path)
+                    yield event
+                    continue
+                # Read for no longer than what is left of the stall window,
+                # so trickling bytes cannot keep a dead watch alive.
+                left = self.stall_timeout_seconds - (self._clock() - last_event)
+                if left <= 0:
+                    raise self._stalled()
+                try:
+                    data = self._stream.read_payload(timeout_seconds=left)
+                except ApiTimeoutError:
+                    raise self._stalled() from None
+                if not data:
+                    if self._closed:
+                        return
+                    if self._decoder.partial:
+                        raise ApiConnectionError(f"watch {self._stream.path}: stream ended in "
+                                                 "the middle of an event")
+                    return
+                self._decoder.feed(data)
+        finally:
+            self.close()
+
+    def _stalled(self) -> ApiTimeoutError:
+        return ApiTimeoutError(f"watch {self._stream.path}: no complete event for "
+                               f"{self.stall_timeout_seconds:g}s")
+
+    def close(self) -> None:
+        """Thread-safe; unblocks a reader (whose iteration then ends)."""
+        self._closed = True
+        self._stream.close()
+
+    def __enter__(self) -> "WatchStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _watch_error(status: dict, path: str):
+    code = status.get("code")
+    if not isinstance(code, int) or code < 300:
+        code = 500      # an ERROR event without a usable code is still an error
+    return from_status(code, status, method="WATCH", path=path)

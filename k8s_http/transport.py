@@ -1,0 +1,721 @@
+"""HTTP(S) to the apiserver on `http.client` + `ssl`: a keep-alive pool, deadlines, retries, auth.
+
+One `Transport` per apiserver, shared by every thread. What it guarantees:
+
+- Deadlines that hold against a slow or hostile server: a connect timeout, a
+  header timeout (the status line and headers must all arrive within it, even
+  if they trickle in a byte at a time) and a total deadline per attempt for
+  the body. Every socket read is bounded by what is left of the current
+  deadline (`_DeadlineReader`), so no single slow read can outlive it.
+- The retry policy of client-go's REST client: 429/5xx are retried only when
+  the server says when (`Retry-After`, clamped to 1..300 s, at most
+  `max_retries` tries); a GET whose connection was lost is retried once on a
+  fresh connection, a write never is (the server may have applied it); a 401
+  re-reads the credentials and retries once. Everything else is raised as a
+  typed error (`errors.from_status` for HTTP statuses).
+- Redirects are never followed: the bearer token never leaves for another host.
+- The token is never logged and never put in an exception message.
+- Watches get a dedicated connection (`stream()`), never pooled, whose chunked
+  body is de-framed by `watchproto.ChunkedDecoder` -- strict, unlike
+  `http.client` -- and read with `read1()` so events are not held back.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import http.client
+import io
+import json
+import logging
+import select
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from urllib.parse import unquote, urlencode, urlsplit
+
+from . import errors
+from .backoff import TokenBucket
+from .config import ClusterConfig, CredentialError
+from .errors import ApiConnectionError, ApiTimeoutError, K8sHttpError, ProtocolError
+from .metrics import Metrics
+from .watchproto import ChunkedDecoder
+
+__all__ = ["Transport", "Response", "Stream", "DEFAULT_USER_AGENT"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_USER_AGENT = "my-controller/0.1 (python; k8s_http)"
+
+# Retry-After is obeyed within these bounds (client-go: at least 1 s; our cap
+# keeps a confused server from parking a worker for hours).
+MIN_RETRY_AFTER_SECONDS = 1
+MAX_RETRY_AFTER_SECONDS = 300
+
+# TCP keepalive: probe after 30 s idle, every 10 s, give up after 3 misses.
+# A peer that vanished (node died, NAT forgot us) is noticed in about a
+# minute, inside the watch's 90 s stall window, even if no byte ever arrives.
+TCP_KEEPALIVE_IDLE_SECONDS = 30
+TCP_KEEPALIVE_INTERVAL_SECONDS = 10
+TCP_KEEPALIVE_PROBES = 3
+
+# Socket reads hand back at most this much at a time.
+_READ_BYTES = 64 * 1024
+
+# The read errors that mean "the connection is gone": the server reset or
+# closed it (RemoteDisconnected is a ConnectionResetError), or the body ended
+# early (IncompleteRead). A GET can safely be sent again after one of these.
+_LOST = (ConnectionError, http.client.IncompleteRead, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
+class _ConnectionLost(Exception):
+    """Internal: the connection broke before a complete answer; the retry policy decides."""
+
+
+class Response:
+    """A complete answer: status, headers, the whole body."""
+
+    __slots__ = ("status", "headers", "body", "_json")
+
+    def __init__(self, status: int, headers: http.client.HTTPMessage, body: bytes):
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self._json = None      # the parsed body, once json() has been called
+
+    def json(self) -> dict:
+        """The body as a JSON object (parsed once); ProtocolError if it is not one."""
+        if self._json is None:
+            try:
+                doc = json.loads(self.body.decode("utf-8"))
+            except (ValueError, RecursionError):
+                raise ProtocolError(f"HTTP {self.status}: the body is not valid JSON") from None
+            if not isinstance(doc, dict):
+                raise ProtocolError(f"HTTP {self.status}: the body is JSON but not an object")
+            self._json = doc
+        return self._json
+
+    def __repr__(self) -> str:
+        return f"Response(status={self.status}, {len(self.body)} bytes)"
+
+
+class _Deadline:
+    """The time limits for reads on one connection, changed as a request moves on.
+
+    `deadline` (time.monotonic(), or None) ends the current phase: headers,
+    then body. `read_timeout` (seconds, or None) bounds any one read (watches).
+    Real time, not the injected clock: these bound real socket waits.
+    """
+
+    __slots__ = ("deadline", "read_timeout")
+
+    def __init__(self):
+        self.deadline: float | None = None
+        self.read_timeout: float | None = None
+
+    def socket_timeout(self) -> float | None:
+        timeout = self.read_timeout
+        if self.deadline is not None:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("deadline passed")
+            timeout = remaining if timeout is None else min(timeout, remaining)
+        return timeout
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket as a raw stream in which every recv is bounded by a `_Deadline`.
+
+    A server trickling one byte just inside each socket timeout cannot stretch
+    a read past the deadline, because the timeout is recomputed for every recv.
+    """
+
+    def __init__(self, sock: socket.socket, limits: _Deadline, keep_open):
+        self._sock = sock
+        self._limits = limits
+        # http.client's own makefile(): while it is open, closing the socket
+        # object (http.client does so when the server says Connection: close)
+        # leaves the descriptor open for the body still to be read.
+        self._keep_open = keep_open
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        self._sock.settimeout(self._limits.socket_timeout())
+        return self._sock.recv_into(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._keep_open.close()
+        super().close()
+
+
+class _HTTPResponse(http.client.HTTPResponse):
+    """http.client's response, reading through a `_DeadlineReader`."""
+
+    def __init__(self, sock, debuglevel=0, method=None, url=None, *, limits: _Deadline):
+        super().__init__(sock, debuglevel, method, url)
+        self.fp = io.BufferedReader(_DeadlineReader(sock, limits, self.fp), _READ_BYTES)
+
+
+def _enable_tcp_keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", TCP_KEEPALIVE_IDLE_SECONDS),
+                        ("TCP_KEEPINTVL", TCP_KEEPALIVE_INTERVAL_SECONDS),
+                        ("TCP_KEEPCNT", TCP_KEEPALIVE_PROBES)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+            except OSError:
+                pass
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def __init__(self, host: str, port: int, *, timeout: float, generation: int):
+        super().__init__(host, port, timeout=timeout)
+        self.generation = generation     # the pool drops connections of older generations
+        self.limits = _Deadline()
+        self.response_class = functools.partial(_HTTPResponse, limits=self.limits)
+
+    def connect(self) -> None:
+        super().connect()       # TCP, and the CONNECT tunnel if there is a proxy
+        _enable_tcp_keepalive(self.sock)
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, *, timeout: float, generation: int,
+                 context: ssl.SSLContext, server_hostname: str):
+        super().__init__(host, port, timeout=timeout, context=context)
+        self.generation = generation
+        self.limits = _Deadline()
+        self.response_class = functools.partial(_HTTPResponse, limits=self.limits)
+        self._server_hostname = server_hostname
+
+    def connect(self) -> None:
+        # Not HTTPSConnection.connect: it verifies the URL's host, and we may
+        # have to verify tls-server-name instead.
+        http.client.HTTPConnection.connect(self)
+        _enable_tcp_keepalive(self.sock)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self._server_hostname)
+
+
+def _is_dropped(sock: socket.socket | None) -> bool:
+    """True if an idle keep-alive connection is unusable.
+
+    An idle connection has nothing to read; if it is readable, the server
+    closed it (EOF) or sent something unasked. Checking before reuse keeps a
+    write from being sent into a connection the server already closed.
+    """
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _retry_after_seconds(headers) -> float | None:
+    """Retry-After in whole seconds, clamped; None if absent or not a number (no retry)."""
+    value = headers.get("Retry-After") if headers is not None else None
+    if value is None:
+        return None
+    try:
+        seconds = int(value.strip())
+    except ValueError:
+        return None
+    return float(min(max(seconds, MIN_RETRY_AFTER_SECONDS), MAX_RETRY_AFTER_SECONDS))
+
+
+def _header_safe(value: str) -> bool:
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+
+
+class Transport:
+    """Requests to one apiserver; thread-safe.
+
+    Every attempt is counted in `rest_client_requests_total{code,method,host}`
+    (code "<error>" when no HTTP status came back) and timed in
+    `rest_client_request_duration_seconds{verb,host}` (the whole exchange; for a
+    stream, up to its headers).
+    """
+
+    def __init__(self, config: ClusterConfig, *, qps: float = 0.0, burst: int = 0,
+                 user_agent: str = DEFAULT_USER_AGENT, connect_timeout_seconds: float = 10.0,
+                 header_timeout_seconds: float = 30.0, request_timeout_seconds: float = 60.0,
+                 max_retries: int = 10, metrics: Metrics | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, pool_size: int = 8):
+        self.config = config
+        self.user_agent = user_agent
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.header_timeout_seconds = header_timeout_seconds
+        self.request_timeout_seconds = request_timeout_seconds
+        self.max_retries = max(1, max_retries)
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.pool_size = pool_size
+        self._clock = clock
+        self._sleep = sleep
+        self._bucket = TokenBucket(qps, burst, clock)
+        url = urlsplit(config.server)
+        self._https = url.scheme == "https"
+        self._server_host = url.hostname
+        self._server_port = url.port or (443 if self._https else 80)
+        self._base_path = url.path.rstrip("/")
+        self.host = url.netloc          # "127.0.0.1:6443": the metrics label
+        self._server_hostname = config.tls_server_name or url.hostname
+        self._proxy = urlsplit(config.proxy_url) if config.proxy_url else None
+
+        self._lock = threading.Lock()
+        # Idle keep-alive connections, most recently used last (reused LIFO:
+        # the freshest is the least likely to have been closed by the server).
+        # Invariant: each was returned after a complete response and is not
+        # in use; len(_idle) <= pool_size.
+        self._idle: list[http.client.HTTPConnection] = []
+        # Bumped when connections must not be reused (new credentials after a
+        # 401, a CA reload); connections of an older generation are closed.
+        self._generation = 0
+        self._closed = False
+
+    # -- public API
+
+    def request(self, method: str, path: str, *, query: Mapping | None = None,
+                body: bytes | None = None, content_type: str | None = None,
+                timeout_seconds: float | None = None) -> Response:
+        """Send one request, with the retry policy; a status >= 300 raises a typed ApiError.
+
+        `timeout_seconds` (default `request_timeout_seconds`) is the total
+        deadline of each attempt -- connect, send, headers, body; waits for
+        Retry-After come on top.
+        """
+        method = method.upper()
+        target = self._target(path, query)
+        timeout = timeout_seconds or self.request_timeout_seconds
+        resp = self._with_retries(method, path, lambda fresh: self._attempt(
+            method, path, target, body, content_type, timeout, fresh=fresh))
+        self._raise_for_status(resp, method, path)
+        return resp
+
+    def stream(self, path: str, *, query: Mapping | None = None,
+               read_timeout_seconds: float = 90.0) -> "Stream":
+        """GET whose body is read as it arrives, on a dedicated connection (watches)."""
+        target = self._target(path, query)
+        result = self._with_retries("GET", path, lambda fresh: self._attempt_stream(
+            path, target, read_timeout_seconds))
+        if isinstance(result, Stream):
+            return result
+        self._raise_for_status(result, "GET", path)
+        # A 2xx other than 200 has no watch body to read.
+        raise ProtocolError(f"GET {path}: expected 200 for a stream, got {result.status}")
+
+    def close(self) -> None:
+        """Close the idle connections and stop pooling; open streams are their owners' to close."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._closed = True
+        for conn in idle:
+            conn.close()
+
+    # -- the retry policy
+
+    def _with_retries(self, method: str, path: str, attempt):
+        tries = 0
+        auth_retried = False
+        lost_retried = False
+        creds = self.config.credentials
+        while True:
+            tries += 1
+            self._throttle()
+            try:
+                resp = attempt(lost_retried)
+            except _ConnectionLost as lost:
+                if method == "GET" and not lost_retried:
+                    log.info("%s %s: connection lost (%s); retrying once on a new connection",
+                             method, path, lost)
+                    lost_retried = True
+                    continue
+                # A write may have been applied: it is never blindly repeated.
+                raise ApiConnectionError(f"{method} {path}: connection lost before a complete "
+                                         f"answer: {lost}") from lost.__cause__
+            if resp.status == 401 and creds is not None and not auth_retried:
+                log.info("%s %s: 401 Unauthorized; reloading credentials and retrying once",
+                         method, path)
+                auth_retried = True
+                creds.invalidate()
+                self._drop_idle()   # pooled TLS sessions may carry an old client certificate
+                continue
+            if resp.status == 429 or resp.status >= 500:
+                delay = _retry_after_seconds(resp.headers)
+                if delay is not None and tries < self.max_retries:
+                    log.info("%s %s: %d, Retry-After %gs (try %d of %d)", method, path,
+                             resp.status, delay, tries, self.max_retries)
+                    self._sleep(delay)
+                    continue
+            return resp
+
+    def _throttle(self) -> None:
+        wait = self._bucket.reserve()
+        if wait > 0:
+            self._sleep(wait)
+
+    def _raise_for_status(self, resp: Response, method: str, path: str) -> None:
+        if 200 <= resp.status < 300:
+            # The apiserver can report a failure inside a 200 (a Status object).
+            if b'"Status"' in resp.body and _is_json(resp.headers):
+                doc = resp.json()
+                if doc.get("kind") == "Status" and doc.get("status") == "Failure":
+                    code = doc.get("code")
+                    code = code if isinstance(code, int) and code >= 300 else 500
+                    raise errors.from_status(code, doc, method=method, path=path)
+            return
+        raise errors.from_status(resp.status, resp.body, method=method, path=path,
+                                 retry_after_seconds=_retry_after_seconds(resp.headers))
+
+    # -- one attempt
+
+    def _attempt(self, method: str, path: str, target: str, body: bytes | None,
+                 content_type: str | None, timeout: float, *, fresh: bool) -> Response:
+        started = time.monotonic()
+        code = "<error>"        # client-go's label when no HTTP status came back
+        conn = None
+        try:
+            conn = self._checkout(fresh)
+            resp = self._send(conn, method, target, body, content_type, started + timeout)
+            code = str(resp.status)
+            self._check_encoding(resp, method, path)
+            data = resp.read()      # every read bounded by the total deadline
+        except BaseException as e:
+            if conn is not None:
+                conn.close()
+            self._raise_classified(e, method, path)
+        finally:
+            self._count(code, method, started)
+        log.debug("%s %s -> %s (%d bytes) in %.3fs", method, path, code, len(data),
+                  time.monotonic() - started)
+        if resp.will_close or conn.sock is None:
+            conn.close()
+        else:
+            self._checkin(conn)
+        return Response(resp.status, resp.headers, data)
+
+    def _attempt_stream(self, path: str, target: str, read_timeout_seconds: float):
+        started = time.monotonic()
+        code = "<error>"
+        conn = None
+        try:
+            conn = self._connect()  # dedicated: a stream never comes from or goes to the pool
+            deadline = started + self.request_timeout_seconds
+            resp = self._send(conn, "GET", target, None, None, deadline)
+            code = str(resp.status)
+            self._check_encoding(resp, "GET", path)
+            if resp.status != 200:
+                data = resp.read()
+                conn.close()
+                return Response(resp.status, resp.headers, data)
+            log.debug("GET %s -> 200 (stream)", path)
+            return Stream(conn, resp, read_timeout_seconds=read_timeout_seconds, path=path)
+        except BaseException as e:
+            if conn is not None:
+                conn.close()
+            self._raise_classified(e, "GET", path)
+        finally:
+            self._count(code, "GET", started)
+
+    def _send(self, conn, method: str, target: str, body: bytes | None,
+              content_type: str | None, deadline: float) -> http.client.HTTPResponse:
+        """Send the request and read the status line and headers; the body is left unread."""
+        headers = self._headers(method, body, content_type)
+        limits = conn.limits
+        limits.read_timeout = None
+        limits.deadline = min(deadline, time.monotonic() + self.header_timeout_seconds)
+        conn.sock.settimeout(limits.socket_timeout())    # bounds the send too
+        # putrequest rather than request(): request() would add Accept-Encoding.
+        conn.putrequest(method, target, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        limits.deadline = deadline
+        return resp
+
+    def _headers(self, method: str, body: bytes | None, content_type: str | None) -> dict:
+        headers = {"User-Agent": self.user_agent, "Accept": "application/json"}
+        creds = self.config.credentials
+        token = creds.token() if creds is not None else None
+        if token:
+            if not _header_safe(token):
+                # http.client would raise with the header value in the message.
+                raise CredentialError(repr(creds), "the bearer token contains characters not "
+                                      "allowed in an HTTP header",
+                                      "check the token file or the plugin's output")
+            headers["Authorization"] = f"Bearer {token}"
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+            headers["Content-Length"] = str(len(body))
+        elif method in ("POST", "PUT", "PATCH"):
+            headers["Content-Length"] = "0"
+        return headers
+
+    def _check_encoding(self, resp, method: str, path: str) -> None:
+        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+        if encoding != "identity":
+            # We never send Accept-Encoding, so a compressed body is a broken server or proxy.
+            raise ProtocolError(f"{method} {path}: response has Content-Encoding "
+                                f"{encoding[:40]!r}, which was never asked for")
+
+    def _count(self, code: str, method: str, started: float) -> None:
+        self.metrics.rest_client_requests_total.labels(code, method, self.host).inc()
+        self.metrics.rest_client_request_duration_seconds.labels(method, self.host).observe(
+            time.monotonic() - started)
+
+    @staticmethod
+    def _raise_classified(err: BaseException, method: str, path: str):
+        """Re-raise a failure during an exchange as what the caller (or retry policy) sees."""
+        if isinstance(err, (K8sHttpError, _ConnectionLost)) or not isinstance(err, Exception):
+            raise err
+        if isinstance(err, TimeoutError):
+            raise ApiTimeoutError(f"{method} {path}: timed out waiting for the apiserver "
+                                  f"({err or 'socket timeout'})") from err
+        if isinstance(err, _LOST):
+            raise _ConnectionLost(type(err).__name__ + (f": {err}" if str(err) else "")) from err
+        if isinstance(err, http.client.HTTPException):
+            raise ProtocolError(f"{method} {path}: malformed HTTP response: "
+                                f"{type(err).__name__}") from err
+        if isinstance(err, OSError):
+            raise ApiConnectionError(f"{method} {path}: {err}") from err
+        raise err
+
+    # -- connections
+
+    def _target(self, path: str, query: Mapping | None) -> str:
+        target = self._base_path + path
+        if query:
+            pairs = [(k, _query_value(v)) for k, v in query.items() if v is not None]
+            if pairs:
+                target += "?" + urlencode(pairs)
+        return target
+
+    def _checkout(self, fresh: bool):
+        """An idle pooled connection (unless `fresh`), else a new one."""
+        stale = []
+        conn = None
+        with self._lock:
+            while not fresh and self._idle:
+                candidate = self._idle.pop()
+                if candidate.generation == self._generation and not _is_dropped(candidate.sock):
+                    conn = candidate
+                    break
+                stale.append(candidate)
+        for c in stale:
+            c.close()
+        return conn if conn is not None else self._connect()
+
+    def _checkin(self, conn) -> None:
+        with self._lock:
+            if (not self._closed and conn.generation == self._generation
+                    and len(self._idle) < self.pool_size):
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _drop_idle(self) -> None:
+        with self._lock:
+            self._generation += 1
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def _connect(self):
+        """A new connected (and, for https, verified) connection."""
+        with self._lock:
+            generation = self._generation
+        if self._proxy is not None:
+            host, port = self._proxy.hostname, self._proxy.port or 80
+        else:
+            host, port = self._server_host, self._server_port
+        if self._https:
+            conn = _HTTPSConnection(host, port, timeout=self.connect_timeout_seconds,
+                                    generation=generation, context=self.config.ssl_context(),
+                                    server_hostname=self._server_hostname)
+        else:
+            conn = _HTTPConnection(host, port, timeout=self.connect_timeout_seconds,
+                                   generation=generation)
+        if self._proxy is not None:
+            conn.set_tunnel(self._server_host, self._server_port, headers=self._proxy_headers())
+        try:
+            conn.connect()
+        except ssl.SSLCertVerificationError as e:
+            conn.close()
+            # The CA may have rotated: re-read the CA file for the next try.
+            # There is no fallback to an unverified connection.
+            if self.config.reload_ca():
+                self._drop_idle()
+            raise ApiConnectionError(
+                f"TLS verification of the apiserver {self._server_hostname} failed: "
+                f"{e.verify_message or e.reason}; check the cluster's certificate-authority "
+                f"(and tls-server-name)") from e
+        except ssl.SSLError as e:
+            conn.close()
+            raise ApiConnectionError(f"TLS handshake with {self.host} failed: "
+                                     f"{e.reason or e}") from e
+        except TimeoutError as e:
+            conn.close()
+            raise ApiTimeoutError(f"connecting to {self.host} timed out after "
+                                  f"{self.connect_timeout_seconds:g}s") from e
+        except OSError as e:
+            conn.close()
+            raise ApiConnectionError(f"cannot connect to {self.host}: "
+                                     f"{e.strerror or e}") from e
+        return conn
+
+    def _proxy_headers(self) -> dict:
+        proxy = self._proxy
+        if proxy.username is None:
+            return {}
+        userinfo = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"
+        return {"Proxy-Authorization": "Basic " + base64.b64encode(userinfo.encode()).decode()}
+
+    def __repr__(self) -> str:
+        return f"Transport({self.config.server!r})"
+
+
+def _query_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _is_json(headers) -> bool:
+    ctype = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    return ctype == "application/json" or ctype.endswith("+json")
+
+
+class Stream:
+    """The body of a 200 GET, read as it arrives (a watch). Context manager.
+
+    `read_payload()` returns the next de-framed bytes (b"" once the body ended
+    cleanly, or after `close()`); `close()` may be called from any thread and
+    unblocks a read in progress.
+    """
+
+    def __init__(self, conn, resp: http.client.HTTPResponse, *, read_timeout_seconds: float,
+                 path: str = ""):
+        self.status = resp.status
+        self.headers = resp.headers
+        self.path = path
+        self._conn = conn
+        self._resp = resp
+        self._sock = conn.sock
+        # Bypass http.client's (lenient) body parsing: read the buffered
+        # socket file it read the headers from, and de-frame ourselves.
+        self._fp = resp.fp
+        self._limits: _Deadline = conn.limits
+        self._limits.deadline = None
+        self._limits.read_timeout = read_timeout_seconds
+        self.read_timeout_seconds = read_timeout_seconds
+        self._decoder = ChunkedDecoder() if resp.chunked else None
+        # Content-Length bytes left, or None: chunked, or delimited by EOF.
+        self._remaining = None if resp.chunked else resp.length
+        self._ended = False         # the body ended cleanly
+        self._lock = threading.Lock()
+        # Invariants: once _closed is set it stays set; the socket is
+        # released exactly once, by close() if no read is in progress, else
+        # by the reader when its read returns (so a descriptor is never
+        # closed under a thread blocked on it).
+        self._closed = False
+        self._reading = False
+        self._released = False
+
+    def read_payload(self, timeout_seconds: float | None = None) -> bytes:
+        """The next payload bytes, as soon as any arrive; b"" at a clean end or after close().
+
+        Waits at most `timeout_seconds` (default: the stream's read timeout)
+        -> ApiTimeoutError. A body cut short -> ApiConnectionError; broken
+        chunk framing -> ProtocolError.
+        """
+        with self._lock:
+            if self._closed:
+                return b""
+            self._reading = True
+        try:
+            while not self._ended:
+                self._limits.read_timeout = (self.read_timeout_seconds if timeout_seconds is None
+                                             else max(timeout_seconds, 0.001))
+                want = _READ_BYTES if self._remaining is None else min(_READ_BYTES,
+                                                                       self._remaining)
+                try:
+                    data = self._fp.read1(want) if want else b""
+                except TimeoutError:
+                    if self._closed:
+                        return b""
+                    raise ApiTimeoutError(f"GET {self.path}: no data for "
+                                          f"{self._limits.read_timeout:g}s") from None
+                except (OSError, ValueError) as e:     # ValueError: file closed under us
+                    if self._closed:
+                        return b""
+                    raise ApiConnectionError(f"GET {self.path}: connection lost mid-stream: "
+                                             f"{type(e).__name__}") from e
+                if self._closed:
+                    return b""
+                if not data:
+                    if (self._decoder is not None and not self._decoder.done) or self._remaining:
+                        raise ApiConnectionError(f"GET {self.path}: connection closed in the "
+                                                 "middle of the body")
+                    self._ended = True
+                    return b""
+                if self._decoder is None:
+                    if self._remaining is not None:
+                        self._remaining -= len(data)
+                        self._ended = self._remaining == 0
+                    return data
+                payload = self._decoder.feed(data)      # ProtocolError on broken framing
+                self._ended = self._decoder.done
+                if payload:
+                    return payload
+            return b""
+        finally:
+            with self._lock:
+                self._reading = False
+                release = self._closed or self._ended
+            if release:
+                self._release()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            reading = self._reading
+        if self._sock is not None:
+            try:
+                # The TCP socket itself, under any TLS layer: a blocked read returns.
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if not reading:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._resp.close()
+        self._conn.close()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Stream(GET {self.path}, status={self.status})"
