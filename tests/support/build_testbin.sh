@@ -28,6 +28,21 @@ if [[ -f "$OUT/.complete" ]]; then
 fi
 command -v go >/dev/null || { log "go not found: install Go >= 1.26 to build the control plane"; exit 2; }
 mkdir -p "$OUT" "$WORK"
+
+# One build at a time per cache: a second caller (another test session, a
+# `make testbin` in another terminal) waits for the first and reuses its result
+# instead of racing it in the same work directories.
+if command -v flock >/dev/null; then
+    exec 9>"$CACHE/build.lock"
+    if ! flock -n 9; then
+        log "another build holds $CACHE/build.lock; waiting for it to finish"
+        flock 9
+    fi
+    if [[ -f "$OUT/.complete" ]]; then
+        echo "$OUT"
+        exit 0
+    fi
+fi
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 
 # go build -v names each package as it compiles it: show a count every 100.
