@@ -1,0 +1,250 @@
+"""Informer: watchers feed one Store, and every change becomes keys in work queues.
+
+One Watcher thread per namespace (or one for all namespaces), all writing to a
+shared Store. Handlers are (mapper, queue) pairs: a mapper turns an object into
+the keys to reconcile (its own key, or its controlling owner's), and the queue
+deduplicates them. Handlers never see event types: reconciles are level-based.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from .backoff import Backoff
+from .metrics import Metrics
+from .objects import ObjectKey, Resource, controller_of, key_of, strip_managed_fields
+from .store import Store
+from .watcher import STALL_TIMEOUT_SECONDS, Watcher
+
+__all__ = ["Informer", "Mapper", "own_key", "owner_key"]
+
+log = logging.getLogger(__name__)
+
+Mapper = Callable[[dict], Iterable[ObjectKey]]
+
+
+def own_key(obj: dict) -> list[ObjectKey]:
+    """The object's own key: for the controller's primary resource."""
+    return [key_of(obj)]
+
+
+def owner_key(kind: str, api_group: str = "") -> Mapper:
+    """A mapper to the key of the controlling owner of `kind` in `api_group` ("" = core).
+
+    The owner is looked up in the child's namespace: a namespaced child can only be
+    owned by an object in its own namespace (or a cluster-scoped one, namespace "").
+    """
+    def mapper(obj: dict) -> list[ObjectKey]:
+        ref = controller_of(obj)
+        if not ref or ref.get("kind") != kind or not ref.get("name"):
+            return []
+        group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+        if group != api_group:
+            return []
+        return [ObjectKey(key_of(obj).namespace, ref["name"])]
+    mapper.__name__ = f"owner_key[{kind}.{api_group}]" if api_group else f"owner_key[{kind}]"
+    return mapper
+
+
+class Informer:
+    """A cache of one resource kept current by list+watch, fanning changes out to queues.
+
+    Health (`is_healthy`, for /healthz): every watcher thread is alive, and each
+    watcher's loop has turned within twice its current watch timeout
+    (timeoutSeconds, 300-600 s, so 600-1200 s). The loop turns on progress (an
+    event, a bookmark, a list, a clean reconnect) and on a failure it is about
+    to retry (a drop, a stall, a 403, a refused connection).
+
+    Why both: liveness is there to catch what a restart cures, a wedged thread
+    (a handler that never returns, a read that never times out). A healthy watch
+    turns at least every ~60 s (bookmarks) and at the latest at its timeoutSeconds;
+    a stalled one every 90 s (the stall timeout reconnects); a failing one at
+    least every 60 s (the backoff cap, jittered). What a restart does not cure, an
+    apiserver outage or a missing RBAC rule, must not fail liveness: the kubelet
+    would throw away the warm cache and the process would not "stay up" as
+    RELIABILITY.md asks. Those show up in /readyz (until the first list) and in
+    k8s_http_watch_restarts_total.
+    """
+
+    def __init__(self, client, resource: Resource, *, namespaces: list[str] | None = None,
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 transform: Callable[[dict], dict] | None = strip_managed_fields,
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 rng: Callable[[], float] = random.random,
+                 stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
+                 backoff_factory: Callable[[], Backoff] | None = None):
+        self.resource = resource
+        self.store = Store(transform=transform)
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._clock = clock
+        self._label = str(resource)
+        self._metrics.init_resource(self._label)
+        self._handlers: list[tuple[Mapper, object]] = []
+        self._stop = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()      # guards _threads (start / restart / stop)
+
+        # None -> one watcher for all namespaces (or a cluster-scoped resource).
+        scopes: list[str | None]
+        if namespaces is None or not resource.namespaced:
+            scopes = [None]
+        else:
+            scopes = list(dict.fromkeys(namespaces))   # de-duplicated, order kept
+            if not scopes:
+                raise ValueError("namespaces must be None (all) or a non-empty list")
+        self._watchers: dict[str | None, Watcher] = {}
+        for ns in scopes:
+            self._watchers[ns] = Watcher(
+                client, resource, namespace=ns, label_selector=label_selector,
+                field_selector=field_selector,
+                on_sync=lambda items, ns=ns: self._on_sync(ns, items),
+                on_event=self._on_event, metrics=self._metrics, clock=clock, rng=rng,
+                stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
+                backoff=backoff_factory() if backoff_factory else None)
+        self._threads: dict[str | None, threading.Thread] = {}
+
+    def __repr__(self) -> str:
+        return f"<Informer {self._label} namespaces={list(self._watchers)}>"
+
+    @property
+    def watchers(self) -> list[Watcher]:
+        return list(self._watchers.values())
+
+    # ---- handlers ----
+
+    def add_handler(self, mapper: Mapper, queue) -> None:
+        """Add mapper(obj) to queue on every add, update and delete (vanished objects included).
+
+        Add handlers before start(): the initial list is delivered to the handlers
+        present at that time.
+        """
+        self._handlers.append((mapper, queue))
+
+    def resync(self, queue, mapper: Mapper = own_key) -> int:
+        """Add the keys of every cached object to `queue`; returns how many keys were added."""
+        count = 0
+        for obj in self.store.list():
+            for key in self._keys(mapper, obj):
+                queue.add(key)
+                count += 1
+        return count
+
+    def _on_sync(self, namespace: str | None, items: list) -> list[dict]:
+        vanished = self.store.replace(items, namespace=namespace)
+        self._metrics.cache_objects.labels(self._label).set(len(self.store))
+        # As client-go: a (re)list is delivered whole. What changed while we were
+        # not watching is unknown, and the queue deduplicates.
+        listed = (self.store.list() if namespace is None
+                  else self.store.by_index("namespace", namespace))
+        for obj in listed:
+            self._enqueue(obj)
+        return vanished      # the watcher delivers these as DELETED
+
+    def _on_event(self, type_: str, obj: dict) -> None:
+        if type_ == "DELETED":
+            old = self.store.delete(obj)
+            new = obj
+        else:
+            old = self.store.upsert(obj)
+            new = self.store.get(key_of(obj)) or obj   # the transformed object
+        self._metrics.cache_objects.labels(self._label).set(len(self.store))
+        # Map the old object too: when an ownerReference changes, both owners care.
+        self._enqueue(new, old)
+
+    def _enqueue(self, *objs: dict | None) -> None:
+        for mapper, queue in self._handlers:
+            keys: set[ObjectKey] = set()
+            for obj in objs:
+                if obj is not None:
+                    keys.update(self._keys(mapper, obj))
+            for key in keys:
+                queue.add(key)
+
+    @staticmethod
+    def _keys(mapper: Mapper, obj: dict) -> list[ObjectKey]:
+        try:
+            return list(mapper(obj))
+        except Exception:  # one bad mapper must not starve the other handlers
+            log.exception("key mapper %s failed", getattr(mapper, "__name__", mapper))
+            return []
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            for ns in self._watchers:
+                self._start_thread_locked(ns)
+
+    def stop(self) -> None:
+        """Stop every watcher and wait briefly for its thread; idempotent."""
+        self._stop.set()
+        for watcher in self._watchers.values():
+            watcher.stop()
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5.0)
+
+    def restart_if_dead(self) -> int:
+        """For the supervisor: restart watcher threads that died; returns how many."""
+        restarted = 0
+        with self._lock:
+            if not self._started or self._stop.is_set():
+                return 0
+            for ns, thread in self._threads.items():
+                if not thread.is_alive():
+                    log.error("%s: watcher thread %s died; restarting it from %r", self,
+                              thread.name, self._watchers[ns].state)
+                    self._start_thread_locked(ns)
+                    restarted += 1
+        return restarted
+
+    def _start_thread_locked(self, ns: str | None) -> None:
+        watcher = self._watchers[ns]
+        thread = threading.Thread(target=self._run_watcher, args=(watcher,),
+                                  name=f"informer-{self._label}-{ns or 'all'}", daemon=True)
+        self._threads[ns] = thread
+        thread.start()
+
+    def _run_watcher(self, watcher: Watcher) -> None:
+        try:
+            watcher.run(self._stop)
+        except Exception:
+            # The thread ends here; is_healthy() reports it and restart_if_dead()
+            # resumes the watcher from its state (no relist).
+            log.exception("%s: watcher thread crashed", watcher)
+
+    # ---- health ----
+
+    def has_synced(self) -> bool:
+        """Every watcher has finished its initial list."""
+        return all(w.has_synced for w in self._watchers.values())
+
+    def is_healthy(self, *, now: float | None = None) -> tuple[bool, str]:
+        now = self._clock() if now is None else now
+        if not self._started:
+            return False, "not started"
+        problems = []
+        with self._lock:
+            threads = dict(self._threads)
+        for ns, watcher in self._watchers.items():
+            where = ns or "all namespaces"
+            if not threads[ns].is_alive():
+                problems.append(f"{where}: watcher thread is dead")
+                continue
+            deadline = 2 * watcher.watch_timeout_seconds
+            idle = now - max(watcher.last_progress, watcher.last_retry)
+            if idle > deadline:
+                problems.append(f"{where}: watch loop stuck: no progress or retry for "
+                                f"{idle:.0f} s (limit {deadline:.0f} s)")
+        if problems:
+            return False, "; ".join(problems)
+        return True, "ok"

@@ -1,0 +1,165 @@
+"""Store: the informer cache. A dict of objects by key, plus secondary indexes.
+
+One lock guards everything, so a reader never sees an object without its
+index entries or an index entry without its object. Writes are rare compared
+with reads and cheap (a dict assignment and a few set operations), so one lock
+is simpler than finer-grained schemes and not slower in practice.
+
+Stored objects are shared with every reader: callers must not mutate them
+(deepcopy before editing). In exchange the Store takes ownership of the objects
+it is given: the transform may modify them in place.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+
+from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
+
+__all__ = ["Store", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_owner_uid"]
+
+# An indexer maps an object to the index values it is filed under (often one, maybe none).
+# It must be a pure function of the object: the Store recomputes it to un-file an
+# old object instead of remembering what it returned.
+Indexer = Callable[[dict], Iterable[str]]
+
+
+def index_namespace(obj: dict) -> list[str]:
+    return [key_of(obj).namespace]
+
+
+def index_owner_uid(obj: dict) -> list[str]:
+    """The uid of the controlling ownerReference, if any."""
+    ref = controller_of(obj)
+    uid = ref.get("uid") if ref else None
+    return [uid] if isinstance(uid, str) and uid else []
+
+
+DEFAULT_INDEXERS: Mapping[str, Indexer] = {
+    "namespace": index_namespace,
+    "owner_uid": index_owner_uid,
+}
+
+
+class Store:
+    """Thread-safe object cache keyed by ObjectKey, with indexes kept on every write.
+
+    `transform(obj) -> obj` runs on every object on the way in (default: drop
+    managedFields, which are often half an object's size). `indexers` are added
+    to the defaults ("namespace" and "owner_uid"); passing a default name replaces it.
+    """
+
+    def __init__(self, *, transform: Callable[[dict], dict] | None = strip_managed_fields,
+                 indexers: Mapping[str, Indexer] | None = None):
+        self._transform = transform or (lambda obj: obj)
+        self._indexers: dict[str, Indexer] = {**DEFAULT_INDEXERS, **(indexers or {})}
+        self._lock = threading.Lock()
+        # Invariants (under _lock): key in _indices[name][value] iff key in _objects
+        # and value in _indexers[name](_objects[key]). Empty value sets are removed.
+        self._objects: dict[ObjectKey, dict] = {}
+        self._indices: dict[str, dict[str, set[ObjectKey]]] = {n: {} for n in self._indexers}
+
+    # ---- reads ------------------------------------------------------------
+
+    def get(self, key: ObjectKey) -> dict | None:
+        with self._lock:
+            return self._objects.get(key)
+
+    def list(self) -> list[dict]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def keys(self) -> list[ObjectKey]:
+        with self._lock:
+            return list(self._objects)
+
+    def by_index(self, index: str, value: str) -> list[dict]:
+        """Objects filed under `value` in `index`; KeyError for an unknown index."""
+        with self._lock:
+            keys = self._indices[index].get(value, ())
+            return [self._objects[k] for k in keys]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._objects)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._objects
+
+    # ---- writes -----------------------------------------------------------
+
+    def upsert(self, obj: dict) -> dict | None:
+        """Add or replace `obj` (transformed); returns the object it replaced, if any."""
+        obj = self._transform(obj)
+        key = key_of(obj)
+        values = self._index_values(obj)  # may raise: nothing has changed yet
+        with self._lock:
+            old = self._objects.get(key)
+            if old is not None:
+                self._unfile_locked(key, old)
+            self._objects[key] = obj
+            self._file_locked(key, values)
+            return old
+
+    def delete(self, obj_or_key: dict | ObjectKey) -> dict | None:
+        """Remove by key (or by the key of an object); returns the removed object, if any."""
+        key = obj_or_key if isinstance(obj_or_key, ObjectKey) else key_of(obj_or_key)
+        with self._lock:
+            old = self._objects.pop(key, None)
+            if old is not None:
+                self._unfile_locked(key, old)
+            return old
+
+    def replace(self, objects: Iterable[dict], *, namespace: str | None = None) -> list[dict]:
+        """Atomically make the store hold exactly `objects`; returns the objects that vanished.
+
+        With `namespace`, only that namespace is replaced and the rest is kept:
+        an informer with one watcher per namespace shares one store, and each
+        watcher's relist speaks only for its own namespace.
+        Readers see either the old contents or the new, never a mixture.
+        """
+        incoming: dict[ObjectKey, dict] = {}
+        for obj in objects:
+            obj = self._transform(obj)
+            incoming[key_of(obj)] = obj
+        # Index the incoming objects before taking the lock: the slow part of a
+        # 10,000-object relist must not block readers.
+        filed = {key: self._index_values(obj) for key, obj in incoming.items()}
+        with self._lock:
+            # Replaced: everything in scope, plus any key the new list holds.
+            stale = [k for k in self._objects
+                     if namespace is None or k.namespace == namespace or k in incoming]
+            vanished = [self._objects[k] for k in stale if k not in incoming]
+            if namespace is None:
+                self._objects = {}
+                self._indices = {name: {} for name in self._indexers}
+            else:
+                for key in stale:
+                    self._unfile_locked(key, self._objects.pop(key))
+            self._objects.update(incoming)
+            for key, values in filed.items():
+                self._file_locked(key, values)
+            return vanished
+
+    # ---- index bookkeeping ---------------------------------------------------
+
+    def _index_values(self, obj: dict) -> dict[str, tuple[str, ...]]:
+        return {name: tuple(indexer(obj)) for name, indexer in self._indexers.items()}
+
+    def _file_locked(self, key: ObjectKey, values: Mapping[str, Iterable[str]]) -> None:
+        for name, vals in values.items():
+            index = self._indices[name]
+            for value in vals:
+                index.setdefault(value, set()).add(key)
+
+    def _unfile_locked(self, key: ObjectKey, obj: dict) -> None:
+        for name, vals in self._index_values(obj).items():
+            index = self._indices[name]
+            for value in vals:
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]

@@ -1,0 +1,574 @@
+"""List-watch: a pure state machine, and the thin loop that does its I/O.
+
+The shape is kube-rs's `watcher`: the whole transition table is one pure
+function, `step(state, input) -> (actions, state)`, with no sockets, clocks or
+threads, so every rule below is tested as a table. `Watcher` is the loop: it
+carries out the actions (list, watch, deliver, sleep), turns what happens on the
+wire into inputs, and feeds them back.
+
+The rules are client-go's reflector, with kube-rs's "a disconnect re-watches":
+
+* The first list is a consistent read (RV=""); the watch then starts from the
+  list's resourceVersion, with bookmarks and a random timeoutSeconds in [300, 600].
+* A watch the server ends cleanly re-watches at once from the last RV. A dropped,
+  stalled or garbled one re-watches from the last RV too, at once the first time
+  and after a backoff when failures repeat. Neither relists.
+* 410 Gone relists from the last RV (not older than it, served from the watch
+  cache); a 410 on that list relists with RV="". A 504 "too large resource
+  version" relists with RV="". After a relist the store is replaced, and objects
+  that vanished are delivered as DELETED.
+* Any other error (403, 5xx, ...) backs off and tries again, for ever.
+* BOOKMARK moves the RV and is never delivered.
+* The RV advances only once an event has been delivered; malformed input never
+  advances it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
+
+from .backoff import Backoff
+from .errors import (ApiConnectionError, ApiError, ApiTimeoutError, GoneError, K8sHttpError,
+                     ProtocolError, from_status, is_too_large_resource_version)
+from .metrics import Metrics
+from .objects import Resource
+
+if TYPE_CHECKING:
+    from .client import ApiClient
+
+__all__ = [
+    # states
+    "Listing", "Watching", "State", "INITIAL",
+    # inputs
+    "Listed", "Event", "Closed", "Failed", "Input", "failure",
+    # actions
+    "List", "Watch", "Replace", "Deliver", "Progress", "Restart", "ListError", "Skip", "Sleep",
+    "Action",
+    # the machine
+    "step", "resume", "Watcher",
+    "MIN_WATCH_TIMEOUT_SECONDS", "MAX_WATCH_TIMEOUT_SECONDS", "STALL_TIMEOUT_SECONDS",
+]
+
+log = logging.getLogger(__name__)
+
+# client-go's reflector: a random watch timeout in [5, 10) minutes spreads the
+# reconnects of many clients so they do not hit the apiserver together.
+MIN_WATCH_TIMEOUT_SECONDS = 300
+MAX_WATCH_TIMEOUT_SECONDS = 600
+# The apiserver sends a bookmark about every 60 s on a quiet watch; 90 s of no
+# complete event means the connection is dead even if the socket says otherwise.
+STALL_TIMEOUT_SECONDS = 90.0
+
+DELIVERED_TYPES = ("ADDED", "MODIFIED", "DELETED")
+
+
+# ---- states -------------------------------------------------------------------
+# A state says what the loop does next: list, or watch from `resource_version`.
+
+@dataclass(frozen=True)
+class Listing:
+    """A list is due. RV "" is a consistent read (quorum); any other RV means
+    "not older than RV" (an unpaged list, which the apiserver serves from its
+    watch cache)."""
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class Watching:
+    """A watch from `resource_version`, the RV of the last fully processed event.
+
+    `failures`: watch attempts in a row that ended without progress (no event,
+    no bookmark); 0 after any progress. It decides when a re-watch backs off.
+    `progressed`: the current watch has delivered an event or a bookmark.
+    """
+    resource_version: str
+    failures: int = 0
+    progressed: bool = False
+
+
+State = Union[Listing, Watching]
+INITIAL: State = Listing("")
+
+
+# ---- inputs -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Listed:
+    """A (paged, merged) list came back."""
+    items: list = field(repr=False)
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """One decoded watch event. `type` is whatever the wire said."""
+    type: str
+    object: object = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The server ended the watch cleanly (its timeoutSeconds)."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A list or watch failed. `reason` is one of metrics.WATCH_RESTART_REASONS
+    except "timeout": gone, too_large_rv, disconnect, stall, protocol, error."""
+    reason: str
+    error: BaseException | None = None
+
+
+Input = Union[Listed, Event, Closed, Failed]
+
+
+def failure(error: BaseException) -> Failed:
+    """The one place an exception from a list or watch becomes a Failed input."""
+    if isinstance(error, GoneError):
+        reason = "gone"
+    elif is_too_large_resource_version(error):
+        reason = "too_large_rv"
+    elif isinstance(error, ApiTimeoutError):
+        reason = "stall"              # no complete event (or no answer) in time
+    elif isinstance(error, ProtocolError):
+        reason = "protocol"           # malformed framing or lines
+    elif isinstance(error, (ApiConnectionError, OSError)):
+        reason = "disconnect"
+    else:
+        reason = "error"              # 403, 5xx, other statuses, and the unexpected
+    return Failed(reason, error)
+
+
+# ---- actions --------------------------------------------------------------------
+# Side effects first, then at most one Sleep, then at most one I/O action (List or
+# Watch), always last. An action list without I/O means: keep reading the open watch.
+
+@dataclass(frozen=True)
+class List:
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class Watch:
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class Replace:
+    """Replace the cache with a fresh list; deliver what vanished as DELETED; synced."""
+    items: list = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Deliver:
+    type: str
+    object: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The watch is alive (event, bookmark, list or clean reconnect): for liveness."""
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A watch ended and is reopened (or replaced by a list): count and log it."""
+    reason: str
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class ListError:
+    reason: str
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Malformed input ignored (counted); the state does not move."""
+    kind: str
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait for the next backoff delay (interruptible by stop)."""
+
+
+Action = Union[List, Watch, Replace, Deliver, Progress, Restart, ListError, Skip, Sleep]
+
+
+# ---- the machine ------------------------------------------------------------------
+
+def resume(state: State) -> list[Action]:
+    """The I/O that (re)starts a loop in `state`: a restarted thread resumes, it does not relist."""
+    if isinstance(state, Listing):
+        return [List(state.resource_version)]
+    return [Watch(state.resource_version)]
+
+
+def step(state: State, inp: Input) -> tuple[list[Action], State]:
+    """The whole transition table. Pure: same state and input, same answer."""
+    if isinstance(state, Listing):
+        return _step_listing(state, inp)
+    if isinstance(state, Watching):
+        return _step_watching(state, inp)
+    raise TypeError(f"not a watcher state: {state!r}")
+
+
+def _step_listing(state: Listing, inp: Input) -> tuple[list[Action], State]:
+    rv = state.resource_version
+    if isinstance(inp, Listed):
+        if not _is_rv(inp.resource_version):
+            # A list without a resourceVersion cannot be watched from: malformed.
+            err = ProtocolError("list response has no metadata.resourceVersion")
+            return [ListError("protocol", err), Sleep(), List(rv)], state
+        return ([Replace(inp.items), Progress(), Watch(inp.resource_version)],
+                Watching(inp.resource_version))
+    if isinstance(inp, Failed):
+        if inp.reason in ("gone", "too_large_rv") and rv != "":
+            # Our RV is unusable (compacted, or ahead of this apiserver): a consistent
+            # list needs no RV at all. A definite fix, so no backoff.
+            return [ListError(inp.reason, inp.error), List("")], Listing("")
+        return [ListError(inp.reason, inp.error), Sleep(), List(rv)], state
+    raise TypeError(f"{type(inp).__name__} while listing")
+
+
+def _step_watching(state: Watching, inp: Input) -> tuple[list[Action], State]:
+    rv = state.resource_version
+    if isinstance(inp, Event):
+        return _step_event(state, inp)
+    if isinstance(inp, Closed):
+        # The healthy end of every watch. One that ended without a single event
+        # counts as a failure, so a server that closes every watch at once cannot
+        # make us spin.
+        failures = 0 if state.progressed else state.failures + 1
+        actions: list[Action] = [Restart("timeout"), Progress()]
+        if failures >= 2:
+            actions.append(Sleep())
+        return actions + [Watch(rv)], Watching(rv, failures)
+    if isinstance(inp, Failed):
+        if inp.reason == "gone":
+            # Our RV was compacted away: relist not older than it (410 again -> RV="").
+            return [Restart("gone", inp.error), List(rv)], Listing(rv)
+        if inp.reason == "too_large_rv":
+            return [Restart("too_large_rv", inp.error), List("")], Listing("")
+        failures = 0 if state.progressed else state.failures
+        failures += 1
+        actions = [Restart(inp.reason, inp.error)]
+        # A drop after progress re-watches at once; repeated failures back off. The
+        # server answering with an error status always backs off: asking again at
+        # once would get the same answer.
+        if failures >= 2 or inp.reason == "error":
+            actions.append(Sleep())
+        return actions + [Watch(rv)], Watching(rv, failures)
+    raise TypeError(f"{type(inp).__name__} while watching")
+
+
+def _step_event(state: Watching, inp: Event) -> tuple[list[Action], State]:
+    obj = inp.object
+    if inp.type == "ERROR":
+        # WatchStream raises ERROR events itself; this covers a decoder that passes them on.
+        code = obj.get("code") if isinstance(obj, dict) else None
+        err = from_status(code if isinstance(code, int) else 500, obj)
+        return _step_watching(state, failure(err))
+    if inp.type not in DELIVERED_TYPES and inp.type != "BOOKMARK":
+        return [Skip("unknown_type")], state
+    if not isinstance(obj, dict):
+        return [Skip("not_object")], state
+    meta = obj.get("metadata")
+    new_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    if not _is_rv(new_rv):
+        return [Skip("no_resource_version")], state
+    if inp.type == "BOOKMARK":
+        return [Progress()], Watching(new_rv, 0, True)
+    if not meta.get("name"):
+        return [Skip("no_name")], state
+    return [Deliver(inp.type, obj), Progress()], Watching(new_rv, 0, True)
+
+
+def _is_rv(value: object) -> bool:
+    # An RV is an opaque non-empty string; never compared as a number.
+    return isinstance(value, str) and value != ""
+
+
+# ---- the loop ----------------------------------------------------------------------
+
+class Watcher:
+    """Runs the state machine against the apiserver for one resource (and namespace).
+
+    `on_sync(items)` is called after every (re)list and returns the objects that
+    vanished, which are then delivered as DELETED; `on_event(type, obj)` gets
+    ADDED / MODIFIED / DELETED. Both run on the watcher's thread; an exception in
+    either is logged with its traceback, counted in `handler_errors`, and the
+    loop goes on.
+    """
+
+    def __init__(self, client: ApiClient, resource: Resource, *, namespace: str | None = None,
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 on_sync: Callable[[list], list], on_event: Callable[[str, dict], None],
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 rng: Callable[[], float] = random.random,
+                 stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
+                 backoff: Backoff | None = None):
+        self._client = client
+        self._resource = resource
+        self._namespace = namespace
+        self._label_selector = label_selector
+        self._field_selector = field_selector
+        self._on_sync = on_sync
+        self._on_event = on_event
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._clock = clock
+        self._rng = rng
+        self._stall_timeout_seconds = stall_timeout_seconds
+        self._page_size = page_size
+        self._backoff = backoff if backoff is not None else Backoff(clock=clock, rng=rng)
+        self._label = str(resource)
+        self._metrics.init_resource(self._label)
+
+        self._state: State = INITIAL
+        self.has_synced = False
+        # Liveness: last_progress moves on an event, a bookmark, a list or a clean
+        # reconnect; last_retry on a failure the loop is about to retry.
+        self.last_progress = clock()          # a fresh watcher gets a full deadline
+        self.last_retry = float("-inf")       # clock() of the last failure being retried
+        self.watch_timeout_seconds = MAX_WATCH_TIMEOUT_SECONDS   # of the current watch
+        self.handler_errors = 0
+
+        # The open stream, shared with stop() on another thread.
+        self._stream_lock = threading.Lock()
+        self._stream = None                   # guarded by _stream_lock
+        self._events = None                   # iterator over _stream; loop thread only
+        self._stop_event: threading.Event | None = None
+        self._stopping = False                # guarded by _stream_lock
+
+    @property
+    def resource_version(self) -> str:
+        """The RV of the last fully processed event (or list); "" before the first list."""
+        return self._state.resource_version
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def __repr__(self) -> str:
+        where = self._namespace or "all namespaces"
+        return f"<Watcher {self._label} in {where} {self._state!r}>"
+
+    # ---- running ----
+
+    def run(self, stop: threading.Event) -> None:
+        """List, then watch, until `stop` is set. Resumes from the current state."""
+        with self._stream_lock:
+            self._stop_event = stop
+            self._stopping = False
+        try:
+            actions = resume(self._state)
+            next_state = self._state
+            while True:
+                inp = self._perform(actions, next_state, stop)
+                if stop.is_set():
+                    return
+                if inp is None:
+                    inp = self._read()
+                    if stop.is_set():
+                        return
+                actions, next_state = step(self._state, inp)
+        finally:
+            self._close_stream()
+
+    def stop(self) -> None:
+        """Make run() return soon; safe from any thread. Closes the open stream.
+
+        A list in flight is not interrupted: it ends within the transport's
+        request deadline, and run() returns right after it.
+        """
+        with self._stream_lock:
+            self._stopping = True
+            if self._stop_event is not None:
+                self._stop_event.set()
+            stream = self._stream
+        if stream is not None:
+            _close_quietly(stream)
+
+    def _perform(self, actions: list[Action], next_state: State,
+                 stop: threading.Event) -> Input | None:
+        """Carry out one transition's actions, adopting `next_state` once its effects are done.
+
+        Returns the input an I/O action produced. The state moves only after the
+        deliveries: the RV an event carries becomes ours once the event has been
+        handled, so a crash in between replays the event rather than losing it.
+        Effects come first in every action list, then Sleep, then the I/O.
+        """
+        for action in actions:
+            if isinstance(action, (Sleep, List, Watch)):
+                self._state = next_state
+            match action:
+                case Deliver(type=type_, object=obj):
+                    self._deliver(type_, obj)
+                case Replace(items=items):
+                    self._replace(items)
+                case Progress():
+                    self.last_progress = self._clock()
+                case Restart(reason=reason, error=error):
+                    if reason != "timeout":
+                        self.last_retry = self._clock()
+                    self._restarted(reason, error)
+                case ListError(reason=reason, error=error):
+                    self.last_retry = self._clock()
+                    self._list_failed(reason, error)
+                case Skip(kind=kind):
+                    self._metrics.watch_decode_errors_total.labels(self._label, kind).inc()
+                case Sleep():
+                    delay = self._backoff.next_delay()
+                    log.debug("%s: backing off %.1f s", self, delay)
+                    stop.wait(delay)
+                case List(resource_version=rv):
+                    return None if stop.is_set() else self._list(rv)
+                case Watch(resource_version=rv):
+                    return None if stop.is_set() else self._open_watch(rv)
+        self._state = next_state
+        return None
+
+    # ---- I/O ----
+
+    def _list(self, rv: str) -> Input:
+        self._close_stream()
+        self._metrics.informer_relists_total.labels(self._label).inc()
+        # RV "": a paged consistent read from etcd. Any other RV: one unpaged request,
+        # as client-go's reflector does. Without `limit` a non-zero RV means "not older
+        # than" (with `limit` it would mean "exactly", and 410 far more often), and the
+        # apiserver serves it from its watch cache instead of etcd: a herd of clients
+        # relisting after an apiserver restart does not land on etcd.
+        try:
+            result = self._client.list(
+                self._resource, namespace=self._namespace, label_selector=self._label_selector,
+                field_selector=self._field_selector,
+                limit=self._page_size if not rv else None, resource_version=rv or None)
+        except Exception as err:  # every failure is an input; the table decides
+            return failure(err)
+        meta = result.get("metadata") if isinstance(result, dict) else None
+        items = result.get("items") if isinstance(result, dict) else None
+        if not isinstance(items, list) or not isinstance(meta, dict):
+            return Failed("protocol", ProtocolError("list response is not a list"))
+        return Listed(items, meta.get("resourceVersion"))
+
+    def _open_watch(self, rv: str) -> Input | None:
+        self._close_stream()
+        span = MAX_WATCH_TIMEOUT_SECONDS - MIN_WATCH_TIMEOUT_SECONDS
+        self.watch_timeout_seconds = MIN_WATCH_TIMEOUT_SECONDS + int(self._rng() * span)
+        try:
+            stream = self._client.watch(
+                self._resource, namespace=self._namespace, label_selector=self._label_selector,
+                field_selector=self._field_selector, resource_version=rv, allow_bookmarks=True,
+                timeout_seconds=self.watch_timeout_seconds,
+                stall_timeout_seconds=self._stall_timeout_seconds)
+        except Exception as err:
+            return failure(err)
+        with self._stream_lock:
+            self._stream = stream
+            stopping = self._stopping
+        if stopping:                       # stop() ran while we were connecting
+            self._close_stream()
+            return None
+        try:
+            self._events = iter(stream)
+        except Exception as err:
+            self._close_stream()
+            return failure(err)
+        return None
+
+    def _read(self) -> Input:
+        """The next input from the open watch."""
+        if self._events is None:
+            return Failed("disconnect", ApiConnectionError("no open watch"))
+        try:
+            event = next(self._events)
+        except StopIteration:
+            self._close_stream()
+            return Closed()
+        except Exception as err:
+            if isinstance(err, ApiError):      # an ERROR event, raised by the stream
+                self._metrics.watch_events_total.labels(self._label, "ERROR").inc()
+            self._close_stream()
+            return failure(err)
+        type_ = getattr(event, "type", None)
+        obj = getattr(event, "object", None)
+        self._metrics.watch_events_total.labels(self._label, str(type_)).inc()
+        return Event(str(type_), obj)
+
+    def _close_stream(self) -> None:
+        with self._stream_lock:
+            stream, self._stream = self._stream, None
+        self._events = None
+        if stream is not None:
+            skipped = getattr(stream, "skipped", 0)
+            if isinstance(skipped, int) and skipped > 0:
+                self._metrics.watch_decode_errors_total.labels(self._label, "skipped").inc(skipped)
+            _close_quietly(stream)
+
+    # ---- effects ----
+
+    def _deliver(self, type_: str, obj: dict) -> None:
+        try:
+            self._on_event(type_, obj)
+        except Exception:
+            self.handler_errors += 1
+            log.exception("%s: event handler failed on %s %s; going on", self, type_,
+                          _name_of(obj))
+
+    def _replace(self, items: list) -> None:
+        try:
+            vanished = self._on_sync(items) or []
+        except Exception:
+            self.handler_errors += 1
+            log.exception("%s: sync handler failed on a list of %d; going on", self, len(items))
+            vanished = []
+        self.has_synced = True
+        for obj in vanished:
+            self._deliver("DELETED", obj)
+        log.debug("%s: listed %d objects, %d vanished", self, len(items), len(vanished))
+
+    def _restarted(self, reason: str, error: BaseException | None) -> None:
+        self._metrics.watch_restarts_total.labels(self._label, reason).inc()
+        if reason == "protocol" and error is not None:
+            kind = getattr(error, "kind", None) or "framing"
+            self._metrics.watch_decode_errors_total.labels(self._label, kind).inc()
+        if reason == "timeout":
+            log.debug("%s: watch ended at its timeout; re-watching", self)
+        elif error is not None and not isinstance(error, K8sHttpError):
+            log.warning("%s: watch failed unexpectedly (%s); re-watching", self, reason,
+                        exc_info=error)
+        elif reason in ("gone", "too_large_rv"):
+            log.info("%s: watch expired (%s: %s); relisting", self, reason, error)
+        elif reason == "disconnect":
+            log.info("%s: watch dropped (%s); re-watching", self, error)
+        else:
+            log.warning("%s: watch restarting (%s: %s)", self, reason, error)
+
+    def _list_failed(self, reason: str, error: BaseException | None) -> None:
+        if error is not None and not isinstance(error, K8sHttpError):
+            log.warning("%s: list failed unexpectedly", self, exc_info=error)
+        else:
+            log.warning("%s: list failed (%s: %s)", self, reason, error)
+
+
+def _close_quietly(stream) -> None:
+    try:
+        stream.close()
+    except Exception:
+        log.debug("closing a watch stream failed", exc_info=True)
+
+
+def _name_of(obj: object) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return "?"
+    ns, name = meta.get("namespace"), meta.get("name")
+    return f"{ns}/{name}" if ns else str(name)

@@ -1,0 +1,86 @@
+"""Key mappers and the informer's handler fan-out, without a server."""
+
+from k8s_http.informer import Informer, own_key, owner_key
+from k8s_http.objects import DEPLOYMENTS, ObjectKey
+
+
+def child(ns="ns", owner=None):
+    meta = {"name": "c", "namespace": ns, "resourceVersion": "1"}
+    if owner:
+        meta["ownerReferences"] = [owner]
+    return {"metadata": meta}
+
+
+MY = {"apiVersion": "mine.jp/v1", "kind": "My", "name": "foobar", "uid": "u", "controller": True}
+
+
+def test_own_key():
+    assert own_key(child()) == [ObjectKey("ns", "c")]
+
+
+def test_owner_key_matches_kind_and_group_of_the_controller_only():
+    mapper = owner_key("My", "mine.jp")
+    assert mapper(child(owner=MY)) == [ObjectKey("ns", "foobar")]
+    assert mapper(child(owner=dict(MY, controller=False))) == []
+    assert mapper(child(owner=dict(MY, kind="Other"))) == []
+    assert mapper(child(owner=dict(MY, apiVersion="other.io/v1"))) == []
+    assert mapper(child()) == []
+
+
+def test_owner_key_core_group():
+    mapper = owner_key("ConfigMap")
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "x", "controller": True}
+    assert mapper(child(owner=ref)) == [ObjectKey("ns", "cm")]
+    assert owner_key("ConfigMap", "apps")(child(owner=ref)) == []
+
+
+class Queue:
+    def __init__(self):
+        self.keys = []
+
+    def add(self, key):
+        self.keys.append(key)
+
+
+def test_events_fan_out_to_every_handler_old_and_new_owner_and_a_bad_mapper_is_contained():
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    own, owners = Queue(), Queue()
+
+    def broken(obj):
+        raise ValueError("mapper bug")
+
+    inf.add_handler(broken, Queue())
+    inf.add_handler(own_key, own)
+    inf.add_handler(owner_key("My", "mine.jp"), owners)
+    inf._on_event("ADDED", child(owner=MY))
+    moved = child(owner=dict(MY, name="other"))
+    moved["metadata"]["resourceVersion"] = "2"
+    inf._on_event("MODIFIED", moved)
+    inf._on_event("DELETED", moved)
+    assert own.keys == [ObjectKey("ns", "c")] * 3
+    # The update maps both the old and the new owner.
+    assert owners.keys[0] == ObjectKey("ns", "foobar")
+    assert sorted(owners.keys[1:3]) == [ObjectKey("ns", "foobar"), ObjectKey("ns", "other")]
+    assert owners.keys[3:] == [ObjectKey("ns", "other")]
+    assert len(inf.store) == 0
+
+
+def test_sync_replaces_enqueues_everything_and_resync_readds():
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    q = Queue()
+    inf.add_handler(own_key, q)
+    inf._on_event("ADDED", child())
+    gone = inf._on_sync("ns", [])
+    assert [o["metadata"]["name"] for o in gone] == ["c"]
+    q.keys.clear()
+    inf._on_sync("ns", [child()])
+    assert q.keys == [ObjectKey("ns", "c")]
+    resync = Queue()
+    assert inf.resync(resync) == 1 and resync.keys == [ObjectKey("ns", "c")]
+
+
+def test_not_started_is_unhealthy_and_unsynced():
+    inf = Informer(client=None, resource=DEPLOYMENTS)
+    assert inf.is_healthy(now=0.0) == (False, "not started")
+    assert not inf.has_synced()
+    assert inf.restart_if_dead() == 0

@@ -1,0 +1,242 @@
+"""Store: keys, indexes kept on every write, transform, atomic replace."""
+
+import threading
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from k8s_http.objects import ObjectKey
+from k8s_http.store import Store
+
+
+def obj(name, ns="default", rv="1", owner_uid=None, labels=None, managed=False):
+    meta = {"name": name, "namespace": ns, "resourceVersion": rv, "uid": f"uid-{ns}-{name}"}
+    if owner_uid:
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "not-controller"},
+            {"apiVersion": "mine.jp/v1", "kind": "My", "name": "o", "uid": owner_uid,
+             "controller": True}]
+    if labels:
+        meta["labels"] = labels
+    if managed:
+        meta["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
+
+
+def names(objs):
+    return sorted(o["metadata"]["name"] for o in objs)
+
+
+def test_upsert_get_delete():
+    s = Store()
+    assert s.upsert(obj("a")) is None
+    old = s.upsert(obj("a", rv="2"))
+    assert old["metadata"]["resourceVersion"] == "1"
+    assert s.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "2"
+    assert len(s) == 1 and ObjectKey("default", "a") in s
+    assert s.keys() == [ObjectKey("default", "a")]
+    removed = s.delete(ObjectKey("default", "a"))
+    assert removed["metadata"]["resourceVersion"] == "2"
+    assert s.delete(obj("a")) is None
+    assert len(s) == 0 and s.get(ObjectKey("default", "a")) is None
+
+
+def test_delete_by_object():
+    s = Store()
+    s.upsert(obj("a"))
+    assert s.delete(obj("a", rv="9"))["metadata"]["resourceVersion"] == "1"
+    assert s.list() == []
+
+
+def test_cluster_scoped_objects_have_an_empty_namespace():
+    s = Store()
+    s.upsert({"metadata": {"name": "n1", "resourceVersion": "1"}})
+    assert s.get(ObjectKey("", "n1")) is not None
+    assert names(s.by_index("namespace", "")) == ["n1"]
+
+
+def test_default_transform_strips_managed_fields():
+    s = Store()
+    s.upsert(obj("a", managed=True))
+    assert "managedFields" not in s.get(ObjectKey("default", "a"))["metadata"]
+    s.replace([obj("b", managed=True)])
+    assert "managedFields" not in s.get(ObjectKey("default", "b"))["metadata"]
+
+
+def test_transform_none_keeps_objects_as_given():
+    s = Store(transform=None)
+    s.upsert(obj("a", managed=True))
+    assert "managedFields" in s.get(ObjectKey("default", "a"))["metadata"]
+
+
+def test_custom_transform_result_is_stored():
+    s = Store(transform=lambda o: {**o, "extra": True})
+    s.upsert(obj("a"))
+    assert s.get(ObjectKey("default", "a"))["extra"] is True
+
+
+def test_namespace_index_follows_writes():
+    s = Store()
+    s.upsert(obj("a", "ns1"))
+    s.upsert(obj("b", "ns1"))
+    s.upsert(obj("c", "ns2"))
+    assert names(s.by_index("namespace", "ns1")) == ["a", "b"]
+    s.delete(ObjectKey("ns1", "a"))
+    assert names(s.by_index("namespace", "ns1")) == ["b"]
+    assert s.by_index("namespace", "nowhere") == []
+
+
+def test_owner_uid_index_uses_the_controlling_reference_only():
+    s = Store()
+    s.upsert(obj("a", owner_uid="u1"))
+    s.upsert(obj("b", owner_uid="u1"))
+    s.upsert(obj("c"))
+    assert names(s.by_index("owner_uid", "u1")) == ["a", "b"]
+    assert s.by_index("owner_uid", "not-controller") == []
+    # The owner changes: the object moves in the index.
+    s.upsert(obj("a", owner_uid="u2", rv="2"))
+    assert names(s.by_index("owner_uid", "u1")) == ["b"]
+    assert names(s.by_index("owner_uid", "u2")) == ["a"]
+    # The reference goes away.
+    s.upsert(obj("b", rv="2"))
+    assert s.by_index("owner_uid", "u1") == []
+
+
+def test_custom_indexers_add_to_the_defaults():
+    s = Store(indexers={"app": lambda o: [(o["metadata"].get("labels") or {}).get("app", "")]})
+    s.upsert(obj("a", labels={"app": "web"}))
+    s.upsert(obj("b", labels={"app": "db"}))
+    assert names(s.by_index("app", "web")) == ["a"]
+    assert names(s.by_index("namespace", "default")) == ["a", "b"]
+
+
+def test_unknown_index_is_a_key_error():
+    s = Store()
+    try:
+        s.by_index("nope", "x")
+    except KeyError:
+        pass
+    else:
+        raise AssertionError("expected KeyError")
+
+
+def test_failing_indexer_leaves_the_store_unchanged():
+    def bad(o):
+        if o["metadata"]["name"] == "boom":
+            raise ValueError("bad object")
+        return ["x"]
+    s = Store(indexers={"bad": bad})
+    s.upsert(obj("a"))
+    try:
+        s.upsert(obj("boom"))
+    except ValueError:
+        pass
+    assert s.keys() == [ObjectKey("default", "a")]
+    assert names(s.by_index("bad", "x")) == ["a"]
+
+
+def test_replace_returns_vanished_and_reindexes():
+    s = Store()
+    s.upsert(obj("a", owner_uid="u1"))
+    s.upsert(obj("b", owner_uid="u1"))
+    s.upsert(obj("c", "other"))
+    vanished = s.replace([obj("b", owner_uid="u2", rv="5"), obj("d")])
+    assert names(vanished) == ["a", "c"]
+    assert names(s.list()) == ["b", "d"]
+    assert s.by_index("owner_uid", "u1") == []
+    assert names(s.by_index("owner_uid", "u2")) == ["b"]
+    assert s.by_index("namespace", "other") == []
+    assert s.get(ObjectKey("default", "b"))["metadata"]["resourceVersion"] == "5"
+
+
+def test_replace_scoped_to_a_namespace_keeps_the_others():
+    s = Store()
+    s.upsert(obj("a", "ns1"))
+    s.upsert(obj("b", "ns1"))
+    s.upsert(obj("x", "ns2"))
+    vanished = s.replace([obj("b", "ns1", rv="2"), obj("c", "ns1")], namespace="ns1")
+    assert names(vanished) == ["a"]
+    assert names(s.list()) == ["b", "c", "x"]
+    assert names(s.by_index("namespace", "ns1")) == ["b", "c"]
+    assert names(s.by_index("namespace", "ns2")) == ["x"]
+
+
+def test_replace_with_nothing_empties_the_store():
+    s = Store()
+    s.upsert(obj("a"))
+    assert names(s.replace([])) == ["a"]
+    assert len(s) == 0 and s.by_index("namespace", "default") == []
+
+
+def test_replace_is_atomic_for_readers():
+    """A reader never sees a half-replaced store: always all of set A or all of set B."""
+    s = Store()
+    set_a = [obj(f"a{i}") for i in range(300)]
+    set_b = [obj(f"b{i}") for i in range(200)]
+    s.replace(set_a)
+    stop = threading.Event()
+    bad = []
+
+    def reader():
+        while not stop.is_set():
+            n = len(s.list())
+            m = len(s.by_index("namespace", "default"))
+            if n not in (300, 200) or m not in (300, 200):
+                bad.append((n, m))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(100):
+        s.replace([dict(o) for o in (set_b if i % 2 == 0 else set_a)])
+    stop.set()
+    t.join()
+    assert not bad
+
+
+# ---- property: indexes always agree with the objects ------------------------------
+
+_ops = st.lists(st.tuples(
+    st.sampled_from(["upsert", "delete", "replace", "replace_ns"]),
+    st.sampled_from(["a", "b", "c"]),
+    st.sampled_from(["n1", "n2"]),
+    st.sampled_from([None, "u1", "u2"]),
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["n1", "n2"])),
+             max_size=4),
+), max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ops)
+def test_indexes_match_a_model(ops):
+    s = Store()
+    model: dict[ObjectKey, dict] = {}
+    for op, name, ns, owner, batch in ops:
+        if op == "upsert":
+            o = obj(name, ns, owner_uid=owner)
+            s.upsert(o)
+            model[ObjectKey(ns, name)] = o
+        elif op == "delete":
+            s.delete(ObjectKey(ns, name))
+            model.pop(ObjectKey(ns, name), None)
+        else:
+            scope = ns if op == "replace_ns" else None
+            new = {ObjectKey(bns if scope is None else scope, bn):
+                   obj(bn, bns if scope is None else scope, owner_uid=owner) for bn, bns in batch}
+            vanished = s.replace(list(new.values()), namespace=scope)
+            expect_gone = {k for k in model if (scope is None or k.namespace == scope)
+                           and k not in new}
+            assert {ObjectKey(o["metadata"]["namespace"], o["metadata"]["name"])
+                    for o in vanished} == expect_gone
+            model = {k: v for k, v in model.items() if k not in expect_gone}
+            model.update(new)
+        assert set(s.keys()) == set(model)
+        for ns_ in ("n1", "n2"):
+            assert {(o["metadata"]["name"]) for o in s.by_index("namespace", ns_)} == \
+                {k.name for k in model if k.namespace == ns_}
+        for uid in ("u1", "u2"):
+            want = {k for k, v in model.items()
+                    if any(r.get("controller") and r["uid"] == uid
+                           for r in v["metadata"].get("ownerReferences", []))}
+            got = {ObjectKey(o["metadata"]["namespace"], o["metadata"]["name"])
+                   for o in s.by_index("owner_uid", uid)}
+            assert got == want

@@ -1,0 +1,248 @@
+"""The Watcher loop against a scripted in-memory client: no sockets, no sleeps.
+
+The stop signal is a fake whose wait() records the backoff and returns at once;
+the client stops the loop when its script runs out.
+"""
+
+from prometheus_client import CollectorRegistry
+
+from k8s_http.errors import ApiConnectionError, ForbiddenError, GoneError, ProtocolError
+from k8s_http.metrics import Metrics
+from k8s_http.objects import DEPLOYMENTS
+from k8s_http.watcher import Listing, Watcher, Watching
+
+
+class Ev:
+    def __init__(self, type_, obj):
+        self.type, self.object = type_, obj
+
+
+def obj(name, rv):
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}}
+
+
+def listing(rv, *names):
+    return {"metadata": {"resourceVersion": rv}, "items": [obj(n, rv) for n in names]}
+
+
+class FakeStop:
+    def __init__(self):
+        self.flag = False
+        self.waits = []
+
+    def is_set(self):
+        return self.flag
+
+    def set(self):
+        self.flag = True
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        return self.flag
+
+
+class FakeStream:
+    def __init__(self, items):
+        self.items = items
+        self.closed = False
+        self.skipped = 0
+
+    def __iter__(self):
+        for item in self.items:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self):
+        self.closed = True
+
+
+class FakeClient:
+    """`script` is a list of ("list", result-or-exception) / ("watch", [events]-or-exception)."""
+
+    def __init__(self, stop, script):
+        self.stop = stop
+        self.script = list(script)
+        self.calls = []
+        self.streams = []
+
+    def _next(self, verb, kwargs):
+        self.calls.append((verb, kwargs))
+        if not self.script:
+            self.stop.set()
+            raise ApiConnectionError("script exhausted")
+        want, result = self.script.pop(0)
+        assert want == verb, (want, verb, kwargs)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def list(self, resource, **kwargs):
+        return self._next("list", kwargs)
+
+    def watch(self, resource, **kwargs):
+        stream = FakeStream(self._next("watch", kwargs))
+        self.streams.append(stream)
+        return stream
+
+
+def run(script, *, on_event=None, on_sync=None):
+    stop = FakeStop()
+    client = FakeClient(stop, script)
+    events, syncs = [], []
+    metrics = Metrics(CollectorRegistry())
+
+    def default_sync(items):
+        syncs.append([o["metadata"]["name"] for o in items])
+        return []
+
+    w = Watcher(client, DEPLOYMENTS, namespace="ns",
+                on_sync=on_sync or default_sync,
+                on_event=on_event or (lambda t, o: events.append((t, o["metadata"]["name"]))),
+                metrics=metrics, rng=lambda: 0.5)
+    w.run(stop)
+    return w, client, events, syncs, stop, metrics
+
+
+def calls(client):
+    return [(verb, kw.get("resource_version")) for verb, kw in client.calls]
+
+
+def sample(metrics, name, **labels):
+    return metrics.registry.get_sample_value(name, labels) or 0
+
+
+def test_list_then_watch_from_its_rv_with_bookmarks_and_a_random_timeout():
+    w, client, events, syncs, _, metrics = run([
+        ("list", listing("10", "a", "b")),
+        ("watch", [Ev("ADDED", obj("c", "11")),
+                   Ev("BOOKMARK", {"metadata": {"resourceVersion": "15"}}),
+                   Ev("MODIFIED", obj("a", "16"))]),
+    ])
+    assert syncs == [["a", "b"]] and w.has_synced
+    assert events == [("ADDED", "c"), ("MODIFIED", "a")]
+    verb, kw = client.calls[1]
+    assert verb == "watch" and kw["resource_version"] == "10"
+    assert kw["allow_bookmarks"] is True and kw["timeout_seconds"] == 450
+    assert kw["stall_timeout_seconds"] == 90.0
+    # The first list is a consistent read: no resourceVersion.
+    assert client.calls[0][1]["resource_version"] is None
+    # After the stream ended cleanly it re-watched from the bookmark's successor.
+    assert calls(client)[2] == ("watch", "16")
+    assert sample(metrics, "k8s_http_watch_events_total", resource="deployments.apps",
+                  type="BOOKMARK") == 1
+    assert sample(metrics, "k8s_http_watch_restarts_total", resource="deployments.apps",
+                  reason="timeout") == 1
+    assert sample(metrics, "k8s_http_informer_relists_total", resource="deployments.apps") == 1
+
+
+def test_drop_rewatches_from_last_rv_without_relisting():
+    w, client, events, syncs, stop, _ = run([
+        ("list", listing("10", "a")),
+        ("watch", [Ev("ADDED", obj("b", "11")), ApiConnectionError("reset")]),
+        ("watch", [ApiConnectionError("refused")]),
+        ("watch", [Ev("MODIFIED", obj("b", "12"))]),
+    ])
+    assert calls(client)[:4] == [("list", None), ("watch", "10"), ("watch", "11"), ("watch", "11")]
+    assert [v for v, _ in client.calls].count("list") == 1
+    # First drop after progress: at once; the second failure in a row backs off.
+    assert len(stop.waits) == 1
+    assert events == [("ADDED", "b"), ("MODIFIED", "b")]
+
+
+def test_gone_relists_and_delivers_vanished_as_deleted():
+    store = {}
+
+    def on_sync(items):
+        names = {o["metadata"]["name"] for o in items}
+        vanished = [o for n, o in store.items() if n not in names]
+        store.clear()
+        store.update({o["metadata"]["name"]: o for o in items})
+        return vanished
+
+    events = []
+    w, client, _, _, _, _ = run([
+        ("list", listing("10", "a", "b")),
+        ("watch", [GoneError(410, "expired")]),
+        ("list", GoneError(410, "expired")),
+        ("list", listing("30", "b")),
+    ], on_sync=on_sync, on_event=lambda t, o: events.append((t, o["metadata"]["name"])))
+    assert calls(client)[:4] == [("list", None), ("watch", "10"), ("list", "10"), ("list", None)]
+    # Consistent lists are paged; a relist from an RV is one unpaged "not older than" read.
+    assert [kw["limit"] for verb, kw in client.calls if verb == "list"] == [500, None, 500]
+    assert events == [("DELETED", "a")]
+    assert calls(client)[4] == ("watch", "30")
+
+
+def test_rv_advances_only_after_delivery_and_handler_errors_do_not_kill_the_loop():
+    seen_rv = []
+
+    def on_event(t, o):
+        seen_rv.append(w_ref[0].resource_version)
+        if o["metadata"]["name"] == "boom":
+            raise RuntimeError("handler bug")
+
+    w_ref = []
+    stop = FakeStop()
+    client = FakeClient(stop, [
+        ("list", listing("10")),
+        ("watch", [Ev("ADDED", obj("boom", "11")), Ev("ADDED", obj("ok", "12")),
+                   ProtocolError("bad line")]),
+    ])
+    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=on_event)
+    w_ref.append(w)
+    w.run(stop)
+    # While an event is being handled, the RV is still the previous one.
+    assert seen_rv == ["10", "11"]
+    assert w.handler_errors == 1
+    # The malformed line did not move the RV: re-watch from 12.
+    assert calls(client)[2] == ("watch", "12")
+
+
+def test_forbidden_backs_off_and_keeps_trying():
+    w, client, events, syncs, stop, _ = run([
+        ("list", ForbiddenError(403, "forbidden")),
+        ("list", ForbiddenError(403, "forbidden")),
+        ("list", listing("5", "a")),
+        ("watch", ForbiddenError(403, "forbidden")),
+        ("watch", [Ev("ADDED", obj("b", "6"))]),
+    ])
+    assert calls(client)[:5] == [("list", None), ("list", None), ("list", None),
+                                 ("watch", "5"), ("watch", "5")]
+    assert len(stop.waits) == 3 and all(d > 0 for d in stop.waits)
+    assert syncs == [["a"]]
+
+
+def test_malformed_list_is_retried_not_watched():
+    w, client, _, syncs, stop, _ = run([
+        ("list", {"metadata": {}, "items": []}),
+        ("list", {"items": "nope"}),
+        ("list", listing("3")),
+    ])
+    assert calls(client)[:4] == [("list", None), ("list", None), ("list", None), ("watch", "3")]
+    assert syncs == [[]] and len(stop.waits) >= 2
+
+
+def test_stop_closes_the_open_stream():
+    stop = FakeStop()
+    client = FakeClient(stop, [])
+    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=lambda t, o: None)
+    stream = FakeStream([])
+    w._stream = stream             # as if a watch were open
+    w.stop()
+    assert stream.closed
+
+
+def test_a_rerun_resumes_from_its_state():
+    stop = FakeStop()
+    client = FakeClient(stop, [("list", listing("7")), ("watch", [Ev("ADDED", obj("a", "8"))])])
+    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=lambda t, o: None)
+    w.run(stop)
+    assert w.state == Watching("8", 0, False) or w.state.resource_version == "8"
+    stop2 = FakeStop()
+    client.stop = stop2
+    client.script = [("watch", [])]
+    client.calls.clear()
+    w.run(stop2)
+    assert calls(client)[0] == ("watch", "8")   # no relist after a restart
+    assert not isinstance(w.state, Listing)

@@ -1,0 +1,306 @@
+"""The list-watch transition table, row by row: (state, input) -> (actions, state).
+
+No sockets, no threads, no clocks: `step` is pure.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from k8s_http.errors import (ApiConnectionError, ApiTimeoutError, ForbiddenError, GoneError,
+                             ProtocolError, ServerError, TooManyRequestsError, from_status)
+from k8s_http.metrics import WATCH_RESTART_REASONS
+from k8s_http.watcher import (INITIAL, Closed, Deliver, Event, Failed, List, ListError, Listed,
+                              Listing, Progress, Replace, Restart, Skip, Sleep, Watch, Watching,
+                              failure, resume, step)
+
+GONE = GoneError(410, "too old resource version: 5 (10)", reason="Expired")
+TOO_LARGE = from_status(504, {"kind": "Status", "code": 504, "reason": "Timeout",
+                              "message": "Too large resource version: 12, current: 10",
+                              "details": {"causes": [{"reason": "ResourceVersionTooLarge"}]}})
+FORBIDDEN = ForbiddenError(403, 'deployments.apps is forbidden: cannot "watch"')
+SERVER = ServerError(500, "etcd leader changed")
+DROP = ApiConnectionError("connection reset mid-chunk")
+STALL = ApiTimeoutError("no complete event in 90 s")
+GARBLED = ProtocolError("invalid chunk size line")
+BUG = RuntimeError("unexpected")
+
+ITEMS = [{"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "7"}}]
+
+
+def obj(name="a", rv="11", ns="ns"):
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv}}
+
+
+A11 = obj(rv="11")
+BOOKMARK = {"kind": "Deployment", "metadata": {"resourceVersion": "20"}}
+
+F = failure  # Failed input from an exception, classified the way the loop does it
+
+TABLE = [
+    # ---- listing ----
+    ("first list ok -> replace, watch from its RV",
+     Listing(""), Listed(ITEMS, "10"),
+     [Replace(ITEMS), Progress(), Watch("10")], Watching("10")),
+    ("relist ok -> replace, watch from the new RV",
+     Listing("5"), Listed(ITEMS, "12"),
+     [Replace(ITEMS), Progress(), Watch("12")], Watching("12")),
+    ("list without RV is malformed -> back off, same list",
+     Listing(""), Listed(ITEMS, ""),
+     [ListError("protocol", ...), Sleep(), List("")], Listing("")),
+    ("list with a non-string RV is malformed",
+     Listing("5"), Listed(ITEMS, 12),
+     [ListError("protocol", ...), Sleep(), List("5")], Listing("5")),
+    ("410 on relist from RV -> relist with RV='' at once",
+     Listing("5"), F(GONE),
+     [ListError("gone", GONE), List("")], Listing("")),
+    ("410 on a consistent list -> back off, list again",
+     Listing(""), F(GONE),
+     [ListError("gone", GONE), Sleep(), List("")], Listing("")),
+    ("too-large RV on list -> relist with RV=''",
+     Listing("12"), F(TOO_LARGE),
+     [ListError("too_large_rv", TOO_LARGE), List("")], Listing("")),
+    ("403 on list -> back off, same list",
+     Listing(""), F(FORBIDDEN),
+     [ListError("error", FORBIDDEN), Sleep(), List("")], Listing("")),
+    ("5xx on relist keeps its RV",
+     Listing("5"), F(SERVER),
+     [ListError("error", SERVER), Sleep(), List("5")], Listing("5")),
+    ("connection refused on list -> back off",
+     Listing(""), F(DROP),
+     [ListError("disconnect", DROP), Sleep(), List("")], Listing("")),
+    ("unexpected exception on list -> back off",
+     Listing(""), F(BUG),
+     [ListError("error", BUG), Sleep(), List("")], Listing("")),
+
+    # ---- watch events ----
+    ("ADDED -> deliver, RV advances",
+     Watching("10"), Event("ADDED", A11),
+     [Deliver("ADDED", A11), Progress()], Watching("11", 0, True)),
+    ("MODIFIED -> deliver",
+     Watching("10"), Event("MODIFIED", A11),
+     [Deliver("MODIFIED", A11), Progress()], Watching("11", 0, True)),
+    ("DELETED -> deliver",
+     Watching("10"), Event("DELETED", A11),
+     [Deliver("DELETED", A11), Progress()], Watching("11", 0, True)),
+    ("event resets the failure count",
+     Watching("10", 3), Event("ADDED", A11),
+     [Deliver("ADDED", A11), Progress()], Watching("11", 0, True)),
+    ("BOOKMARK -> RV only, never delivered",
+     Watching("10"), Event("BOOKMARK", BOOKMARK),
+     [Progress()], Watching("20", 0, True)),
+    ("BOOKMARK without RV is skipped",
+     Watching("10"), Event("BOOKMARK", {"metadata": {}}),
+     [Skip("no_resource_version")], Watching("10")),
+    ("event without metadata is skipped, RV kept",
+     Watching("10", 1, True), Event("ADDED", {"kind": "Deployment"}),
+     [Skip("no_resource_version")], Watching("10", 1, True)),
+    ("event with an empty RV is skipped",
+     Watching("10"), Event("MODIFIED", obj(rv="")),
+     [Skip("no_resource_version")], Watching("10")),
+    ("event with a numeric RV is skipped (RVs are opaque strings)",
+     Watching("10"), Event("MODIFIED", obj(rv=11)),
+     [Skip("no_resource_version")], Watching("10")),
+    ("event without a name is skipped",
+     Watching("10"), Event("ADDED", obj(name="")),
+     [Skip("no_name")], Watching("10")),
+    ("object that is not a dict is skipped",
+     Watching("10"), Event("ADDED", ["x"]),
+     [Skip("not_object")], Watching("10")),
+    ("unknown event type is skipped, RV kept",
+     Watching("10"), Event("SYNC", A11),
+     [Skip("unknown_type")], Watching("10")),
+    ("unknown event type without an object is skipped as unknown",
+     Watching("10"), Event("", None),
+     [Skip("unknown_type")], Watching("10")),
+    ("ERROR event 410 -> relist from the last RV",
+     Watching("10"), Event("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"}),
+     [Restart("gone", ...), List("10")], Listing("10")),
+    ("ERROR event 500 -> back off, re-watch",
+     Watching("10", 0, True), Event("ERROR", {"kind": "Status", "code": 500}),
+     [Restart("error", ...), Sleep(), Watch("10")], Watching("10", 1)),
+
+    # ---- watch endings ----
+    ("clean end after progress -> re-watch at once, no relist",
+     Watching("11", 0, True), Closed(),
+     [Restart("timeout"), Progress(), Watch("11")], Watching("11", 0)),
+    ("clean end of a quiet watch -> re-watch at once",
+     Watching("11", 0), Closed(),
+     [Restart("timeout"), Progress(), Watch("11")], Watching("11", 1)),
+    ("watches closed at once, repeatedly -> back off",
+     Watching("11", 1), Closed(),
+     [Restart("timeout"), Progress(), Sleep(), Watch("11")], Watching("11", 2)),
+    ("drop after progress -> re-watch at once from the last RV",
+     Watching("11", 0, True), F(DROP),
+     [Restart("disconnect", DROP), Watch("11")], Watching("11", 1)),
+    ("first drop -> re-watch at once",
+     Watching("11"), F(DROP),
+     [Restart("disconnect", DROP), Watch("11")], Watching("11", 1)),
+    ("repeated drop -> back off, no relist",
+     Watching("11", 1), F(DROP),
+     [Restart("disconnect", DROP), Sleep(), Watch("11")], Watching("11", 2)),
+    ("stall -> reconnect from the last RV",
+     Watching("11", 0, True), F(STALL),
+     [Restart("stall", STALL), Watch("11")], Watching("11", 1)),
+    ("repeated stall -> back off",
+     Watching("11", 2), F(STALL),
+     [Restart("stall", STALL), Sleep(), Watch("11")], Watching("11", 3)),
+    ("malformed bytes -> reconnect, RV kept",
+     Watching("11", 0, True), F(GARBLED),
+     [Restart("protocol", GARBLED), Watch("11")], Watching("11", 1)),
+    ("410 on watch -> relist from the last RV",
+     Watching("11", 0, True), F(GONE),
+     [Restart("gone", GONE), List("11")], Listing("11")),
+    ("too-large RV on watch -> relist with RV=''",
+     Watching("11"), F(TOO_LARGE),
+     [Restart("too_large_rv", TOO_LARGE), List("")], Listing("")),
+    ("403 on watch -> back off and keep trying",
+     Watching("11"), F(FORBIDDEN),
+     [Restart("error", FORBIDDEN), Sleep(), Watch("11")], Watching("11", 1)),
+    ("5xx on watch -> back off",
+     Watching("11", 0, True), F(SERVER),
+     [Restart("error", SERVER), Sleep(), Watch("11")], Watching("11", 1)),
+    ("429 on watch -> back off",
+     Watching("11", 4), F(TooManyRequestsError(429)),
+     [Restart("error", ...), Sleep(), Watch("11")], Watching("11", 5)),
+    ("unexpected exception on watch -> back off",
+     Watching("11"), F(BUG),
+     [Restart("error", BUG), Sleep(), Watch("11")], Watching("11", 1)),
+]
+
+
+def _same(actual, expected):
+    """Action equality where `...` in an error slot means "any error"."""
+    if type(actual) is not type(expected):
+        return False
+    if isinstance(expected, (Restart, ListError)) and expected.error is ...:
+        return actual.reason == expected.reason and actual.error is not None
+    return actual == expected
+
+
+@pytest.mark.parametrize("name,state,inp,actions,new_state", TABLE, ids=[r[0] for r in TABLE])
+def test_transition(name, state, inp, actions, new_state):
+    got_actions, got_state = step(state, inp)
+    assert got_state == new_state
+    assert len(got_actions) == len(actions), got_actions
+    for got, want in zip(got_actions, actions):
+        assert _same(got, want), (got, want)
+
+
+def test_table_covers_every_failure_reason_in_both_states():
+    reasons = {r for r in WATCH_RESTART_REASONS if r != "timeout"}
+    for kind in (Listing, Watching):
+        seen = {row[2].reason for row in TABLE
+                if isinstance(row[1], kind) and isinstance(row[2], Failed)}
+        if kind is Listing:
+            seen.add("protocol")       # the malformed-list rows
+            seen.add("stall")          # same branch as disconnect, tested below
+        assert reasons <= seen, (kind.__name__, reasons - seen)
+
+
+@pytest.mark.parametrize("error,reason", [
+    (GONE, "gone"), (TOO_LARGE, "too_large_rv"), (STALL, "stall"), (GARBLED, "protocol"),
+    (DROP, "disconnect"), (ConnectionResetError(), "disconnect"), (FORBIDDEN, "error"),
+    (SERVER, "error"), (from_status(504, {"kind": "Status", "message": "gateway"}), "error"),
+    (BUG, "error"),
+])
+def test_failure_classifies_errors(error, reason):
+    assert failure(error) == Failed(reason, error)
+
+
+def test_stall_on_list_backs_off():
+    assert step(Listing("3"), F(STALL)) == ([ListError("stall", STALL), Sleep(), List("3")],
+                                           Listing("3"))
+
+
+def test_initial_state_lists_consistently():
+    assert INITIAL == Listing("")
+    assert resume(INITIAL) == [List("")]
+
+
+def test_resume_rewatches_without_relisting():
+    assert resume(Watching("42", 3, True)) == [Watch("42")]
+    assert resume(Listing("42")) == [List("42")]
+
+
+@pytest.mark.parametrize("state,inp", [
+    (Listing(""), Event("ADDED", A11)),
+    (Listing(""), Closed()),
+    (Watching("1"), Listed([], "2")),
+])
+def test_impossible_inputs_are_rejected(state, inp):
+    with pytest.raises(TypeError):
+        step(state, inp)
+
+
+def test_a_full_life_relist_after_gone_then_gone_again():
+    """Walk a realistic sequence through the table."""
+    s = INITIAL
+    script = [
+        (Listed(ITEMS, "10"), Watch("10")),
+        (Event("ADDED", obj("b", "11")), None),
+        (Event("BOOKMARK", {"metadata": {"resourceVersion": "15"}}), None),
+        (Closed(), Watch("15")),
+        (F(GONE), List("15")),
+        (F(GONE), List("")),
+        (Listed([], "30"), Watch("30")),
+    ]
+    for inp, io in script:
+        actions, s = step(s, inp)
+        last = actions[-1]
+        if io is None:
+            assert not isinstance(last, (List, Watch))
+        else:
+            assert last == io
+    assert s == Watching("30")
+
+
+# ---- properties -----------------------------------------------------------------
+
+_rvs = st.sampled_from(["", "1", "2", "99", 7, None])
+_objects = st.one_of(
+    st.builds(lambda n, rv: {"metadata": {"name": n, "resourceVersion": rv}},
+              st.sampled_from(["", "a"]), _rvs),
+    st.just({}), st.just(None), st.just([1]))
+_events = st.builds(Event, st.sampled_from(["ADDED", "MODIFIED", "DELETED", "BOOKMARK",
+                                            "ERROR", "SYNC", ""]), _objects)
+_failures = st.sampled_from([GONE, TOO_LARGE, FORBIDDEN, SERVER, DROP, STALL, GARBLED, BUG]).map(F)
+_inputs = st.one_of(_events, st.just(Closed()), _failures,
+                    st.builds(Listed, st.just(ITEMS), _rvs))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_inputs, max_size=30))
+def test_properties_of_any_sequence(inputs):
+    s = INITIAL
+    for inp in inputs:
+        # Feed only what the loop can produce in this state.
+        if isinstance(s, Listing) and not isinstance(inp, (Listed, Failed)):
+            continue
+        if isinstance(s, Watching) and isinstance(inp, Listed):
+            continue
+        actions, new = step(s, inp)
+        io = [a for a in actions if isinstance(a, (List, Watch))]
+        # At most one I/O action, and it comes last; Sleep comes right before it.
+        assert len(io) <= 1 and (not io or actions[-1] is io[0])
+        if any(isinstance(a, Sleep) for a in actions):
+            assert isinstance(actions[-2], Sleep) and io
+        # The state says what the I/O does.
+        if io:
+            assert io[0].resource_version == new.resource_version
+            assert isinstance(io[0], List) == isinstance(new, Listing)
+        # The RV only ever moves to an RV the server handed us in a valid list,
+        # event or bookmark; otherwise it stays, or resets to "" for a consistent relist.
+        if new.resource_version != s.resource_version and new.resource_version != "":
+            delivered = (isinstance(inp, Listed) and inp.resource_version == new.resource_version) \
+                or (isinstance(inp, Event) and isinstance(inp.object, dict)
+                    and inp.object["metadata"]["resourceVersion"] == new.resource_version)
+            assert delivered, (s, inp, new)
+        # Skipped (malformed) input changes nothing.
+        if any(isinstance(a, Skip) for a in actions):
+            assert actions == [actions[0]] and new == s
+        # Only valid ADDED/MODIFIED/DELETED are delivered, never bookmarks.
+        for a in actions:
+            if isinstance(a, Deliver):
+                assert a.type in ("ADDED", "MODIFIED", "DELETED") and a.object["metadata"]["name"]
+        s = new
