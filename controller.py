@@ -1,0 +1,1130 @@
+"""my-controller: turns each `My` (mine.jp/v1) into a Deployment and a Service.
+
+The contract is SPEC.md §1-3. In short, for a `My` named N in namespace NS the
+operator keeps, by server-side apply (field manager ``my-controller``, force):
+
+  * Deployment N: our three labels, a selector on two of them, `replicas`, one
+    container ``app`` with the image, the container port, env and resources;
+  * Service N: `type`, the same selector, port -> targetPort, TCP;
+
+both controlled by the `My` (so the garbage collector deletes them with it), and
+reports `observedGeneration`, replica counts, the selector and a ``Ready``
+condition on the `My`'s status subresource.
+
+Layout of this file, top to bottom:
+
+  1. constants and small pure helpers (quantities, labels);
+  2. ``validate_spec`` / ``validate_my``: what the controller can use;
+  3. ``render_deployment`` / ``render_service``: the apply configurations;
+  4. ``needs_apply``: does the cached child already say what we would apply?
+  5. ``desired_status`` / ``status_changed``;
+  6. ``EventRecorder``: core/v1 Events, rate-limited per object;
+  7. ``MyReconciler``: the level-based reconcile, reading caches, writing little;
+  8. ``main``: flags, configuration errors as one line, the Manager.
+
+Everything above ``MyReconciler`` is pure and unit-tested on its own. This
+module imports only the standard library and the ``k8s_http`` package root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import errno
+import hashlib
+import ipaddress
+import json
+import logging
+import math
+import re
+import socket
+import sys
+import threading
+import time
+from fractions import Fraction
+from typing import Callable
+
+from k8s_http import (
+    DEPLOYMENTS,
+    EVENTS,
+    SERVICES,
+    ApiError,
+    ConfigError,
+    Manager,
+    NotFoundError,
+    ObjectKey,
+    Resource,
+    Result,
+    controller_of,
+    get_condition,
+    is_controlled_by,
+    load_config,
+    rfc3339_now,
+    set_condition,
+    setup_logging,
+)
+
+log = logging.getLogger("my_controller")
+
+# --------------------------------------------------------------------------
+# 1. Constants and small helpers
+
+MY = Resource("mine.jp", "v1", "my", namespaced=True, kind="My")
+
+NAME = "my-controller"              # field manager, event source, manager name
+FIELD_MANAGER = NAME
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+APP_NAME = "my"
+# The owned watches use this selector, so the caches hold only our children.
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={NAME}"
+
+# A hash of everything else in the apply configuration, carried on the child.
+# Why: `needs_apply` is a subset test (desired fields present in live), which
+# cannot see a field we *stopped* setting (an env var removed from the spec is
+# still on the live Deployment, so "desired ⊆ live" holds). Server-side apply
+# removes such a field only when we apply again; the hash changes whenever the
+# configuration does, so the subset test fails and we do apply.
+CONFIG_HASH_ANNOTATION = "mine.jp/config-hash"
+
+CONTAINER_NAME = "app"
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+DEFAULT_REPLICAS = 1
+DEFAULT_PORT = 8080
+DEFAULT_SERVICE_TYPE = "ClusterIP"
+MAX_REPLICAS = 100
+MAX_IMAGE_CHARS = 512
+MAX_ENV = 64
+
+CONDITION_READY = "Ready"
+# Ready condition reasons (SPEC §2).
+AVAILABLE = "Available"
+PROGRESSING = "Progressing"
+INVALID_SPEC = "InvalidSpec"
+CONFLICT = "Conflict"
+APPLY_FAILED = "ApplyFailed"
+
+# A conflicting child that is not ours is not in our label-selected caches, so
+# nothing we watch changes when its owner deletes it. Rather than wait for the
+# 10 h resync, look again this often: one or two GETs, never a write (the
+# Conflict status is already there). Slow enough never to be a hot loop.
+CONFLICT_RECHECK_SECONDS = 60.0
+
+# Kubernetes name rules the children impose on the My's name: a Service name
+# is an RFC 1035 label, and the name is also a label value (<= 63 characters).
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The apiserver's (legacy, strict) environment variable name rule.
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+# A resource name: `cpu`, `memory`, `ephemeral-storage`, `hugepages-2Mi`, or a
+# domain-prefixed extended resource such as `example.com/gpu`.
+_RESOURCE_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+# Kubernetes quantities (resource.Quantity), non-negative only: the same
+# pattern is in the CRD schema (manifests/crd.yaml).
+_QUANTITY = re.compile(
+    r"^\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$")
+_SUFFIXES: dict[str, Fraction] = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 10**3),
+    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
+    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
+}
+# Bound the exponent form ("1e400000" would be a needlessly big number to build).
+_MAX_EXPONENT = 30
+
+
+def parse_quantity(value: object) -> Fraction:
+    """A Kubernetes quantity as an exact number; ValueError if it is not one.
+
+    Exact (Fraction) so that "1000m" == "1" and "1Gi" == "1024Mi" compare equal:
+    the apiserver stores quantities in canonical form, so what we applied and
+    what we read back may be spelled differently.
+    """
+    if isinstance(value, bool):
+        raise ValueError("a quantity is a number or a string, not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return Fraction(value)
+    if not isinstance(value, str):
+        raise ValueError("must be a string such as 100m or 256Mi")
+    match = _QUANTITY.match(value)
+    if not match:
+        raise ValueError(f"{value!r} is not a quantity (examples: 100m, 0.5, 256Mi, 1G)")
+    number = Fraction(match.group("number"))
+    suffix = match.group("suffix") or ""
+    if suffix[:1] in ("e", "E"):
+        exponent = int(suffix[1:])
+        if abs(exponent) > _MAX_EXPONENT:
+            raise ValueError(f"{value!r}: exponent out of range")
+        return number * Fraction(10) ** exponent
+    return number * _SUFFIXES[suffix]
+
+
+def same_quantity(a: object, b: object) -> bool:
+    try:
+        return parse_quantity(a) == parse_quantity(b)
+    except ValueError:
+        return a == b
+
+
+def labels_for(name: str) -> dict[str, str]:
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_MANAGED_BY: NAME}
+
+
+def selector_for(name: str) -> dict[str, str]:
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name}
+
+
+def selector_string(name: str) -> str:
+    """The selector as `status.selector` (and `kubectl get -l`) spell it: sorted keys."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_for(name).items()))
+
+
+def effective_spec(spec: dict | None) -> dict:
+    """The spec with the CRD's defaults filled in (the apiserver normally did it already)."""
+    spec = dict(spec or {})
+    spec.setdefault("replicas", DEFAULT_REPLICAS)
+    spec.setdefault("port", DEFAULT_PORT)
+    spec.setdefault("serviceType", DEFAULT_SERVICE_TYPE)
+    return spec
+
+
+def _meta(obj: dict | None) -> dict:
+    return (obj or {}).get("metadata") or {}
+
+
+def _rv(obj: dict | None) -> str | None:
+    return _meta(obj).get("resourceVersion") if obj else None
+
+
+# --------------------------------------------------------------------------
+# 2. Validation: what the controller can use
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_spec(spec: object) -> list[str]:
+    """Problems that make the spec unusable; [] when it is fine.
+
+    Re-checks what the CRD schema says (the CRD may be old, edited, or missing
+    its defaults), plus what the apiserver would reject on the children and the
+    schema cannot say: duplicate env names (server-side apply refuses duplicate
+    keys in a keyed list) and requests above limits. Catching these here turns
+    an endless apply-fail-retry loop into one InvalidSpec status.
+    """
+    if not isinstance(spec, dict):
+        return ["spec: must be an object"]
+    errors: list[str] = []
+    spec = effective_spec(spec)
+
+    image = spec.get("image")
+    if not isinstance(image, str) or not image:
+        errors.append("spec.image: required, a non-empty string such as postgres:16")
+    elif len(image) > MAX_IMAGE_CHARS:
+        errors.append(f"spec.image: at most {MAX_IMAGE_CHARS} characters (got {len(image)})")
+    elif any(c.isspace() for c in image):
+        errors.append("spec.image: must not contain whitespace")
+
+    replicas = spec["replicas"]
+    if not _is_int(replicas) or not 0 <= replicas <= MAX_REPLICAS:
+        errors.append(f"spec.replicas: an integer from 0 to {MAX_REPLICAS} (got {replicas!r})")
+
+    port = spec["port"]
+    if not _is_int(port) or not 1 <= port <= 65535:
+        errors.append(f"spec.port: an integer from 1 to 65535 (got {port!r})")
+
+    if spec["serviceType"] not in SERVICE_TYPES:
+        errors.append(f"spec.serviceType: one of {', '.join(SERVICE_TYPES)} "
+                      f"(got {spec['serviceType']!r})")
+
+    errors.extend(_validate_env(spec.get("env")))
+    errors.extend(_validate_resources(spec.get("resources")))
+    return errors
+
+
+def _validate_env(env: object) -> list[str]:
+    if env is None:
+        return []
+    if not isinstance(env, list):
+        return ["spec.env: must be a list of {name, value}"]
+    errors = []
+    if len(env) > MAX_ENV:
+        errors.append(f"spec.env: at most {MAX_ENV} items (got {len(env)})")
+    seen: set[str] = set()
+    for i, item in enumerate(env[:MAX_ENV + 1]):
+        where = f"spec.env[{i}]"
+        if not isinstance(item, dict):
+            errors.append(f"{where}: must be an object with name and value")
+            continue
+        unknown = sorted(set(item) - {"name", "value"})
+        if unknown:
+            errors.append(f"{where}: unsupported field(s) {', '.join(unknown)}")
+        name = item.get("name")
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            errors.append(f"{where}.name: a variable name of letters, digits, '_', '-' or '.', "
+                          f"not starting with a digit (got {name!r})")
+        elif name in seen:
+            errors.append(f"{where}.name: duplicate name {name!r}")
+        else:
+            seen.add(name)
+        value = item.get("value")
+        if value is not None and not isinstance(value, str):
+            errors.append(f"{where}.value: must be a string (quote numbers and booleans)")
+    return errors
+
+
+def _validate_resources(resources: object) -> list[str]:
+    if resources is None:
+        return []
+    if not isinstance(resources, dict):
+        return ["spec.resources: must be an object with requests and/or limits"]
+    errors = []
+    unknown = sorted(set(resources) - {"requests", "limits"})
+    if unknown:
+        errors.append(f"spec.resources: unsupported field(s) {', '.join(unknown)}")
+    parsed: dict[str, dict[str, Fraction]] = {}
+    for section in ("requests", "limits"):
+        values = resources.get(section)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            errors.append(f"spec.resources.{section}: must be a map of resource name to quantity")
+            continue
+        parsed[section] = {}
+        for name, value in values.items():
+            where = f"spec.resources.{section}.{name}"
+            if not isinstance(name, str) or not _RESOURCE_NAME.match(name):
+                errors.append(f"{where}: invalid resource name")
+                continue
+            try:
+                parsed[section][name] = parse_quantity(value)
+            except ValueError as err:
+                errors.append(f"{where}: {err}")
+    # The apiserver rejects a pod template whose request exceeds its limit.
+    for name, request in parsed.get("requests", {}).items():
+        limit = parsed.get("limits", {}).get(name)
+        if limit is not None and request > limit:
+            errors.append(f"spec.resources.requests.{name}: must not exceed "
+                          f"spec.resources.limits.{name}")
+    return errors
+
+
+def validate_my(my: dict) -> list[str]:
+    """validate_spec plus the rules the children put on the My's own name."""
+    name = _meta(my).get("name") or ""
+    errors = []
+    # The Service is named after the My: an RFC 1035 label. The name is also
+    # the value of the instance label, which allows at most 63 characters.
+    if len(name) > 63 or not _DNS1035_LABEL.match(name):
+        errors.append(f"metadata.name: {name!r} cannot name a Service: use at most 63 "
+                      "lowercase letters, digits and '-', starting with a letter")
+    return errors + validate_spec(my.get("spec"))
+
+
+# --------------------------------------------------------------------------
+# 3. Rendering: the apply configurations
+
+
+def _owner_reference(my: dict) -> dict:
+    # Built from constants, not from the cached object's apiVersion/kind, which
+    # a cache may or may not carry.
+    meta = my["metadata"]
+    return {"apiVersion": MY.api_version, "kind": MY.kind, "name": meta["name"],
+            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _with_config_hash(obj: dict) -> dict:
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    obj["metadata"].setdefault("annotations", {})[CONFIG_HASH_ANNOTATION] = digest
+    return obj
+
+
+def _child_metadata(my: dict) -> dict:
+    meta = my["metadata"]
+    return {"name": meta["name"], "namespace": meta.get("namespace") or "default",
+            "labels": labels_for(meta["name"]), "ownerReferences": [_owner_reference(my)]}
+
+
+def render_deployment(my: dict) -> dict:
+    """The Deployment apply configuration for `my` (a validated My).
+
+    Only the fields we own: server-side apply leaves everything else (server
+    defaults, other managers' fields) alone, and removes what we stop sending.
+    """
+    name = my["metadata"]["name"]
+    spec = effective_spec(my.get("spec"))
+    container: dict = {
+        "name": CONTAINER_NAME,
+        "image": spec["image"],
+        # protocol is sent explicitly: it is part of the list key (containerPort, protocol).
+        "ports": [{"containerPort": spec["port"], "protocol": "TCP"}],
+    }
+    env = []
+    for item in spec.get("env") or []:
+        entry = {"name": item["name"]}
+        # The apiserver drops an empty value (omitempty); sending "" would make the
+        # live object differ from the desired one forever.
+        if item.get("value"):
+            entry["value"] = item["value"]
+        env.append(entry)
+    if env:
+        container["env"] = env
+    resources = {}
+    for section in ("requests", "limits"):
+        values = (spec.get("resources") or {}).get(section) or {}
+        if values:
+            resources[section] = {k: str(v) for k, v in values.items()}
+    if resources:
+        container["resources"] = resources
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _child_metadata(my),
+        "spec": {
+            "replicas": spec["replicas"],
+            "selector": {"matchLabels": selector_for(name)},
+            "template": {
+                "metadata": {"labels": labels_for(name)},
+                "spec": {"containers": [container]},
+            },
+        },
+    }
+    return _with_config_hash(deployment)
+
+
+def render_service(my: dict) -> dict:
+    """The Service apply configuration for `my`: type, selector, port -> targetPort, TCP."""
+    name = my["metadata"]["name"]
+    spec = effective_spec(my.get("spec"))
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _child_metadata(my),
+        "spec": {
+            "type": spec["serviceType"],
+            "selector": selector_for(name),
+            "ports": [{"port": spec["port"], "targetPort": spec["port"], "protocol": "TCP"}],
+        },
+    }
+    return _with_config_hash(service)
+
+
+# --------------------------------------------------------------------------
+# 4. needs_apply: does the live child already say what we would apply?
+
+def _port_key(item: dict) -> tuple:
+    return (item.get("containerPort", item.get("port")), item.get("protocol") or "TCP")
+
+
+# Lists the apiserver merges by key (their `listMapKeys`): compared item by item
+# on the key, so a server-added or foreign item (a sidecar injected by a
+# webhook, another manager's env var) does not look like drift.
+_LIST_KEYS: dict[str, Callable[[dict], object]] = {
+    "containers": lambda item: item.get("name"),
+    "env": lambda item: item.get("name"),
+    "ports": _port_key,
+    "ownerReferences": lambda item: item.get("uid"),
+}
+
+
+def _covers(desired: object, live: object, path: tuple[str, ...]) -> bool:
+    """True when every field of `desired` is in `live` with the same value.
+
+    Extra fields in `live` are fine: server defaults (protocol, imagePullPolicy,
+    terminationMessagePath, strategy, clusterIP, nodePort, ...) and fields
+    other managers own.
+    """
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            return False
+        quantities = path[-2:] in (("resources", "requests"), ("resources", "limits"))
+        for key, want in desired.items():
+            if key not in live:
+                return False
+            if quantities:
+                # The apiserver canonicalises quantities ("1000m" is stored as "1").
+                if not same_quantity(want, live[key]):
+                    return False
+            elif not _covers(want, live[key], path + (key,)):
+                return False
+        return True
+    if isinstance(desired, list):
+        if not isinstance(live, list):
+            return False
+        key_of_item = _LIST_KEYS.get(path[-1]) if path else None
+        if key_of_item is None:
+            return len(desired) == len(live) and all(
+                _covers(d, l, path + ("[]",)) for d, l in zip(desired, live))
+        live_index = {}
+        for i, item in enumerate(live):
+            if isinstance(item, dict):
+                live_index.setdefault(key_of_item(item), i)
+        positions = []
+        for item in desired:
+            i = live_index.get(key_of_item(item))
+            if i is None or not _covers(item, live[i], path + ("[]",)):
+                return False
+            positions.append(i)
+        # Our items must also keep their order: it matters for env, where a
+        # value may refer to an earlier variable as $(NAME).
+        return positions == sorted(positions)
+    if isinstance(desired, bool) or isinstance(live, bool):
+        return desired is live
+    return desired == live
+
+
+def needs_apply(desired: dict, live: dict | None) -> bool:
+    """Whether applying `desired` could change `live` (None: the child is missing).
+
+    A subset test: labels, annotations (including the config hash, which
+    catches fields we no longer send), ownerReferences and every spec field
+    we send must be in `live` with the same value. The caller checks that the
+    child is ours first (see MyReconciler); a child lacking our controller
+    ownerReference needs an apply, which is how an adopted-then-edited child
+    gets it back.
+    """
+    if live is None:
+        return True
+    return not _covers(desired, live, ())
+
+
+# --------------------------------------------------------------------------
+# 5. Status
+
+
+def _readiness(spec: dict, deployment: dict | None) -> tuple[str, str, str]:
+    """(status, reason, message) of the Ready condition from the Deployment.
+
+    SPEC: Available when ready >= desired. We also require the Deployment
+    controller to have seen the current Deployment spec and to have rolled it
+    out to every replica; otherwise the old ReplicaSet's ready pods would make
+    an image change look Available before a single new pod runs.
+    """
+    desired = spec.get("replicas", DEFAULT_REPLICAS)
+    if deployment is None:
+        return "False", PROGRESSING, "waiting for the Deployment to be created"
+    status = deployment.get("status") or {}
+    ready = status.get("readyReplicas") or 0
+    updated = status.get("updatedReplicas") or 0
+    generation = _meta(deployment).get("generation") or 0
+    if (status.get("observedGeneration") or 0) < generation:
+        return "False", PROGRESSING, f"{ready}/{desired} replicas ready; Deployment update pending"
+    if ready >= desired and updated >= desired:
+        return "True", AVAILABLE, f"{ready}/{desired} replicas ready"
+    return "False", PROGRESSING, f"{ready}/{desired} replicas ready"
+
+
+def desired_status(my: dict, deployment: dict | None, *,
+                   condition: tuple[str, str] | None = None, now: str | None = None) -> dict:
+    """The status `my` should have.
+
+    `deployment`: our Deployment as last seen (None when missing or not ours);
+    its status gives the replica counts. `condition`: (reason, message) for a
+    failure (InvalidSpec, Conflict, ApplyFailed), which makes Ready False;
+    None computes Available / Progressing from the Deployment.
+
+    Fields of the status we do not own (other conditions, say) are kept.
+    `lastTransitionTime` moves only when the Ready status flips (set_condition).
+    """
+    old = my.get("status") or {}
+    generation = _meta(my).get("generation")
+    if condition is None:
+        cond_status, reason, message = _readiness(effective_spec(my.get("spec")), deployment)
+    else:
+        cond_status, (reason, message) = "False", condition
+    counts = (deployment or {}).get("status") or {}
+    new = copy.deepcopy(old)
+    new.update({
+        "observedGeneration": generation,
+        "replicas": counts.get("replicas") or 0,
+        "readyReplicas": counts.get("readyReplicas") or 0,
+        "selector": selector_string(_meta(my).get("name") or ""),
+        "conditions": set_condition(old.get("conditions"), {
+            "type": CONDITION_READY, "status": cond_status, "reason": reason,
+            "message": message, "observedGeneration": generation,
+        }, now=now),
+    })
+    return new
+
+
+def status_changed(old: dict | None, new: dict) -> bool:
+    """Whether writing `new` would change what the status reports."""
+    old = old or {}
+    return any(old.get(key) != value for key, value in new.items())
+
+
+def _ready_summary(status: dict | None) -> tuple | None:
+    cond = get_condition({"status": status or {}}, CONDITION_READY)
+    return (cond.get("status"), cond.get("reason"), cond.get("message")) if cond else None
+
+
+# --------------------------------------------------------------------------
+# 6. Events
+
+
+class EventRecorder:
+    """Creates core/v1 Events about objects, so that a failing object cannot flood the apiserver.
+
+    Per object (namespace/name): a token bucket of BURST events refilled at one
+    per REFILL_SECONDS, and an identical (type, reason, message) is dropped
+    within DEDUPE_SECONDS of the last one sent. (client-go's recorder instead
+    patches `count` on the existing Event; creating only keeps RBAC at
+    `events: create`, and a repeat within 5 minutes tells the reader nothing new.)
+
+    Best effort, as in client-go: a failure to create an Event is logged and
+    never fails the reconcile that reported it.
+    """
+
+    BURST = 5
+    REFILL_SECONDS = 30.0
+    DEDUPE_SECONDS = 300.0
+    # Forget per-object state idle for this long once this many objects are tracked.
+    PRUNE_ABOVE = 1024
+    MAX_MESSAGE_CHARS = 1024
+
+    def __init__(self, client, *, component: str = NAME, instance: str | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_time: Callable[[], str] = rfc3339_now,
+                 time_ns: Callable[[], int] = time.time_ns):
+        self.client = client
+        self.component = component
+        self.instance = (instance or socket.gethostname())[:128]
+        self._clock = clock
+        self._wall_time = wall_time
+        self._time_ns = time_ns
+        self._lock = threading.Lock()
+        # key -> [tokens, last refill time, {(type, reason, message): last sent}]
+        self._state: dict[ObjectKey, list] = {}
+        self.sent = 0
+        self.dropped = 0
+
+    def _admit(self, key: ObjectKey, signature: tuple) -> bool:
+        now = self._clock()
+        with self._lock:
+            if len(self._state) > self.PRUNE_ABOVE:
+                self._prune(now)
+            state = self._state.setdefault(key, [float(self.BURST), now, {}])
+            tokens, last, recent = state
+            tokens = min(float(self.BURST), tokens + (now - last) / self.REFILL_SECONDS)
+            state[0], state[1] = tokens, now
+            for sig, at in list(recent.items()):
+                if now - at >= self.DEDUPE_SECONDS:
+                    del recent[sig]
+            if signature in recent or tokens < 1.0:
+                self.dropped += 1
+                return False
+            state[0] = tokens - 1.0
+            recent[signature] = now
+            return True
+
+    def _prune(self, now: float) -> None:
+        for key, (_, last, recent) in list(self._state.items()):
+            if now - last >= self.DEDUPE_SECONDS and not recent:
+                del self._state[key]
+            elif now - last >= max(self.DEDUPE_SECONDS, self.BURST * self.REFILL_SECONDS):
+                del self._state[key]
+
+    def forget(self, key: ObjectKey) -> None:
+        with self._lock:
+            self._state.pop(key, None)
+
+    def event(self, obj: dict, type_: str, reason: str, message: str) -> bool:
+        """Record an event about `obj` (Normal or Warning); True if one was sent."""
+        meta = _meta(obj)
+        key = ObjectKey(meta.get("namespace") or "", meta.get("name") or "")
+        message = message[:self.MAX_MESSAGE_CHARS]
+        if not self._admit(key, (type_, reason, message)):
+            log.debug("event dropped by the rate limit", extra={"reason": reason, "key": str(key)})
+            return False
+        now = self._wall_time()
+        namespace = meta.get("namespace") or "default"
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            # client-go's naming: the object's name and the time in hex nanoseconds.
+            "metadata": {"name": f"{meta.get('name')}.{self._time_ns():x}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion") or MY.api_version,
+                "kind": obj.get("kind") or MY.kind,
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": self.component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": self.component,
+            "reportingInstance": self.instance,
+        }
+        try:
+            self.client.create(EVENTS, event, namespace=namespace)
+        except Exception as err:  # best effort: never fail a reconcile over an event
+            log.warning("could not record event %s on %s: %s", reason, key, err)
+            return False
+        self.sent += 1
+        return True
+
+
+# --------------------------------------------------------------------------
+# 7. The reconcile
+
+
+class _Memo:
+    """What we last wrote, for the moment before the cache has seen it.
+
+    After a write, the informer's copy is stale until the watch event arrives.
+    A reconcile in that window (triggered, say, by the Deployment controller's
+    status update) would compare against the old object, write again and
+    report an event again. So we keep the server's answer to our last write,
+    with every resourceVersion we know to be older than it: the one the cache
+    showed before our first write, and those of our own earlier answers. While
+    the cache shows one of those, the answer is the fresher truth; once it
+    shows any other version (ours or someone's later one) the memo is dropped.
+    Only equality of resourceVersions is used: they are opaque strings.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        # (what, key) -> (resourceVersions older than `written`, written)
+        self._entries: dict[tuple[str, ObjectKey], tuple[frozenset, dict]] = {}
+
+    def remember(self, what: str, key: ObjectKey, base: dict | None, written: dict) -> None:
+        """`base`: the object our write was computed from (cache, GET or an earlier memo)."""
+        with self._lock:
+            stale = {_rv(base)}
+            entry = self._entries.get((what, key))
+            if entry is not None and _rv(base) == _rv(entry[1]):
+                stale |= entry[0]          # wrote on top of our own previous answer
+            stale.discard(_rv(written))
+            self._entries[(what, key)] = (frozenset(stale), written)
+
+    def fresher(self, what: str, key: ObjectKey, cached: dict | None) -> dict | None:
+        if cached is None:
+            # Missing from the cache: the caller asks the server (see _child);
+            # a memo cannot tell "not seen yet" from "deleted since".
+            with self._lock:
+                self._entries.pop((what, key), None)
+            return None
+        with self._lock:
+            entry = self._entries.get((what, key))
+            if entry is None:
+                return cached
+            stale, written = entry
+            if _rv(cached) in stale:
+                return written
+            del self._entries[(what, key)]
+            return cached
+
+    def forget(self, key: ObjectKey) -> None:
+        with self._lock:
+            for entry in [e for e in self._entries if e[1] == key]:
+                del self._entries[entry]
+
+
+def _namespace_terminating(err: ApiError) -> bool:
+    """The apiserver's typed cause for "namespace is being terminated" (client-go's
+    `HasStatusCause(err, NamespaceTerminatingCause)`): a cause, not message text."""
+    return any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating"
+               for c in err.details.get("causes") or [])
+
+
+class MyReconciler:
+    """reconcile(key) for `My` objects; `mgr` gives the caches and the client.
+
+    Level-based: every call looks at the current state (caches, and the server
+    where a cache cannot know) and does what is missing, whatever the event
+    that triggered it. When nothing differs it writes nothing.
+    """
+
+    CHILDREN = ((DEPLOYMENTS, render_deployment), (SERVICES, render_service))
+
+    def __init__(self, mgr, *, recorder: EventRecorder | None = None,
+                 now: Callable[[], str] = rfc3339_now):
+        self.mgr = mgr
+        self.recorder = recorder or EventRecorder(mgr.client)
+        self._now = now
+        self._memo = _Memo()
+
+    @property
+    def client(self):
+        return self.mgr.client
+
+    def __call__(self, key: ObjectKey) -> Result | None:
+        # Stores are looked up per call: the Manager creates them in add_controller(),
+        # after this object exists.
+        cached = self.mgr.store(MY).get(key)
+        if cached is None:
+            # Gone: the garbage collector deletes the children (ownerReferences).
+            self._memo.forget(key)
+            self.recorder.forget(key)
+            return None
+        my = self._memo.fresher("my", key, cached)
+        if _meta(my).get("deletionTimestamp"):
+            # Being deleted (maybe in the foreground, children first): do not recreate them.
+            return None
+
+        problems = validate_my(my)
+        if problems:
+            # Children are left as they are; no retry until the generation changes
+            # (the My's update event brings us back). The same generation gives the
+            # same status, so a repeat writes nothing.
+            self._write_status(key, my, self._our_cached_deployment(key, my),
+                               condition=(INVALID_SPEC, "; ".join(problems)))
+            return None
+
+        # Look at both children before touching either: a My that conflicts on
+        # one of them gets neither (no half-made state to explain).
+        lives = {}
+        for resource, _ in self.CHILDREN:
+            live = self._child(resource, key)
+            if live is not None and not is_controlled_by(live, my):
+                owner = controller_of(live)
+                held = f" (controlled by {owner.get('kind')} {owner.get('name')})" if owner else ""
+                message = (f"{resource.kind} {key.name} already exists and is not controlled "
+                           f"by this My{held}; delete or rename it")
+                self._write_status(key, my, None, condition=(CONFLICT, message))
+                return Result(requeue_after_seconds=CONFLICT_RECHECK_SECONDS)
+            lives[resource] = live
+
+        for resource, render in self.CHILDREN:
+            desired = render(my)
+            live = lives[resource]
+            if not needs_apply(desired, live):
+                continue
+            try:
+                applied = self.client.apply(resource, desired, field_manager=FIELD_MANAGER,
+                                            force=True, namespace=key.namespace)
+            except ApiError as err:
+                if _namespace_terminating(err):
+                    # The namespace is being deleted (its controller removes the children
+                    # before the My): creating anything there is refused, and the My goes
+                    # next. As client-go's controllers do, give up quietly, no retry.
+                    log.info("not recreating %s %s: namespace %s is being deleted",
+                             resource.kind, key.name, key.namespace)
+                    return None
+                message = f"applying {resource.kind} {key.name} failed: {err}"
+                self.recorder.event(my, "Warning", "ReconcileError", message)
+                try:
+                    self._write_status(key, my, self._our_cached_deployment(key, my),
+                                       condition=(APPLY_FAILED, message))
+                except Exception as status_err:  # the apply error is the one to report
+                    log.warning("could not record ApplyFailed on %s: %s", key, status_err)
+                raise  # the runner retries with backoff
+            self._memo.remember(resource.plural, key, live, applied)
+            lives[resource] = applied
+            self._report_apply(my, resource, live, applied)
+
+        self._write_status(key, my, lives[DEPLOYMENTS])
+        return None
+
+    # -- reading --------------------------------------------------------
+
+    def _child(self, resource: Resource, key: ObjectKey) -> dict | None:
+        """The child named like the My: cache first, else the server.
+
+        Our caches only hold objects carrying our managed-by label. A missing
+        entry may be (a) no object, (b) ours but not yet seen by the watch,
+        or (c) someone else's unlabelled object of that name, or ours with the
+        label removed. Only a GET can tell, and only a GET prevents the forced
+        apply from taking over a foreign object in case (c). It costs one read
+        per missing child and reconcile; converged objects are all in the cache.
+        """
+        cached = self.mgr.store(resource).get(key)
+        live = self._memo.fresher(resource.plural, key, cached)
+        if live is not None:
+            return live
+        try:
+            return self.client.get(resource, key.name, namespace=key.namespace)
+        except NotFoundError:
+            return None
+
+    def _our_cached_deployment(self, key: ObjectKey, my: dict) -> dict | None:
+        cached = self._memo.fresher(DEPLOYMENTS.plural, key, self.mgr.store(DEPLOYMENTS).get(key))
+        return cached if cached is not None and is_controlled_by(cached, my) else None
+
+    # -- writing --------------------------------------------------------
+
+    def _report_apply(self, my: dict, resource: Resource, live: dict | None,
+                      applied: dict) -> None:
+        name = _meta(my).get("name")
+        if live is None:
+            log.info("created %s %s", resource.kind, name)
+            self.recorder.event(my, "Normal", "Created", f"Created {resource.kind} {name}")
+        elif _rv(applied) != _rv(live):
+            log.info("updated %s %s", resource.kind, name)
+            self.recorder.event(my, "Normal", "Updated", f"Updated {resource.kind} {name}")
+        else:
+            # The server found nothing to change: needs_apply saw a difference that
+            # is not one (a normalisation it does not model). Harmless but a write.
+            log.debug("apply of %s %s changed nothing", resource.kind, name)
+
+    def _write_status(self, key: ObjectKey, my: dict, deployment: dict | None, *,
+                      condition: tuple[str, str] | None = None) -> None:
+        old = my.get("status") or {}
+        new = desired_status(my, deployment, condition=condition, now=self._now())
+        if not status_changed(old, new):
+            return
+        try:
+            written = self.client.patch_status(MY, key.name, {"status": new},
+                                               namespace=key.namespace)
+        except NotFoundError:
+            return  # deleted meanwhile: nothing to report on
+        summary = _ready_summary(new) or ()
+        log.info("status of %s: Ready=%s %s", key, *summary[:2])
+        self._memo.remember("my", key, my, written)
+        # Warning events follow the condition, not each write: an InvalidSpec or
+        # Conflict is reported once when it appears, not at every replica change.
+        if condition is not None and condition[0] in (INVALID_SPEC, CONFLICT) \
+                and _ready_summary(old) != _ready_summary(new):
+            self.recorder.event(my, "Warning", condition[0], condition[1])
+
+
+# --------------------------------------------------------------------------
+# 8. Command line
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+                   "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Go-style duration (25s, 1m30s, 500ms) or a bare number of seconds."""
+    text = text.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        pos, seconds = 0, 0.0
+        for match in _DURATION_PART.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+            pos = match.end()
+        if pos != len(text) or not text:
+            raise ValueError(f"invalid duration {text!r}: use e.g. 25s, 1m30s, 500ms or "
+                             "a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"invalid duration {text!r}: must be a finite, non-negative time")
+    return seconds
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (e.g. 4)")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0 (0 = no limit)")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0 (0 = no limit)")
+    return value
+
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$")
+
+
+def bind_address(text: str) -> str:
+    """Validate HOST:PORT (":8080", "127.0.0.1:8080", "[::1]:8080") or "0" (disabled)."""
+    if text == "0":
+        return text
+    fix = "use HOST:PORT such as :8080 or 127.0.0.1:8080, or 0 to disable"
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bind address: {fix}")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {host} is not an IPv6 address; {fix}") \
+                from None
+    elif host and not _HOSTNAME.match(host):
+        raise argparse.ArgumentTypeError(f"{text!r}: {host!r} is not a host name or address; "
+                                         f"{fix}")
+    return text
+
+
+def _namespace(text: str) -> str:
+    if len(text) > 63 or not _DNS1123_LABEL.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace name: use at most 63 lowercase letters, digits "
+            "and '-', starting and ending with a letter or digit")
+    return text
+
+
+def _lease_name(text: str) -> str:
+    if len(text) > 253 or not _DNS1123_SUBDOMAIN.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a valid Lease name: use lowercase letters, digits, '-' and '.'")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (no usage block) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keep the epilog's line breaks; show each default worth showing."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=36)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=NAME,
+        allow_abbrev=False,  # a typo must not silently pick another flag
+        formatter_class=_HelpFormatter,
+        description="A Kubernetes operator: keeps a Deployment and a Service for every\n"
+                    "My (mine.jp/v1) and reports their state in its status.",
+        epilog="Examples:\n"
+               "  my-controller --kubeconfig ~/.kube/config --namespace default\n"
+               "  my-controller --leader-elect --leader-election-namespace my-controller-system\n"
+               "Endpoints: /metrics on the metrics address; /healthz and /readyz on\n"
+               "the health-probe address.",
+    )
+    conn = parser.add_argument_group("cluster connection")
+    conn.add_argument("--kubeconfig", metavar="PATH", default=None,
+                      help="kubeconfig file (default: $KUBECONFIG, then the in-cluster "
+                           "service account, then ~/.kube/config)")
+    conn.add_argument("--context", metavar="NAME", default=None,
+                      help="kubeconfig context to use (default: its current-context)")
+    conn.add_argument("--qps", type=_non_negative_float, default=0.0, metavar="N",
+                      help="client-side request rate limit, requests per second; 0 = none "
+                           "(rely on the apiserver's priority and fairness)")
+    conn.add_argument("--burst", type=_non_negative_int, default=0, metavar="N",
+                      help="client-side burst above --qps; 0 = none")
+
+    work = parser.add_argument_group("reconciling")
+    work.add_argument("--namespace", dest="namespaces", action="append", type=_namespace,
+                      metavar="NS", default=None,
+                      help="watch only this namespace; repeat for several (default: all "
+                           "namespaces)")
+    work.add_argument("--workers", type=_positive_int, default=4, metavar="N",
+                      help="concurrent reconciles")
+    work.add_argument("--graceful-shutdown-timeout", type=_duration, default="25s",
+                      metavar="DURATION",
+                      help="on SIGTERM/SIGINT, how long in-flight reconciles may take "
+                           "(e.g. 25s, 1m, 500ms, or seconds)")
+
+    ha = parser.add_argument_group("leader election")
+    ha.add_argument("--leader-elect", action="store_true",
+                    help="run as one of several replicas, only the Lease holder reconciling")
+    ha.add_argument("--leader-election-namespace", type=_namespace, metavar="NS", default=None,
+                    help="namespace of the Lease (default: the in-cluster namespace, or the "
+                         "kubeconfig context's)")
+    ha.add_argument("--leader-election-id", type=_lease_name, metavar="NAME", default=NAME,
+                    help="name of the Lease")
+
+    serve = parser.add_argument_group("endpoints")
+    serve.add_argument("--metrics-bind-address", type=bind_address, default=":8080",
+                       metavar="ADDR", help="where /metrics listens; 0 disables it")
+    serve.add_argument("--health-probe-bind-address", type=bind_address, default=":8081",
+                       metavar="ADDR", help="where /healthz and /readyz listen; 0 disables them")
+
+    logs = parser.add_argument_group("logging")
+    logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                      default="info", help="least severe level logged")
+    logs.add_argument("--log-format", choices=("auto", "text", "json"), default="auto",
+                      help="auto = text on a terminal, JSON lines otherwise")
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"{NAME}: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
+_BIND_ERRNOS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        setup_logging(args.log_level, args.log_format)
+        config = load_config(args.kubeconfig, context=args.context)
+        mgr = Manager(
+            config, NAME,
+            namespaces=args.namespaces,
+            metrics_bind_address=args.metrics_bind_address,
+            health_probe_bind_address=args.health_probe_bind_address,
+            leader_elect=args.leader_elect,
+            leader_election_namespace=args.leader_election_namespace,
+            leader_election_id=args.leader_election_id,
+            qps=args.qps, burst=args.burst,
+            graceful_shutdown_timeout_seconds=args.graceful_shutdown_timeout,
+        )
+    except ConfigError as err:
+        return _fail(err)
+    mgr.add_controller(MY, MyReconciler(mgr), owns=[DEPLOYMENTS, SERVICES],
+                       owns_label_selector=MANAGED_SELECTOR, workers=args.workers)
+    try:
+        return mgr.run()
+    except OSError as err:
+        # The only bind happens in start(), first thing in run(): a port in use or an
+        # address this host does not have is a flag problem, reported as one.
+        if err.errno not in _BIND_ERRNOS:
+            raise
+        try:
+            mgr.stop()
+        except Exception:
+            pass
+        # The runtime's message names the address ("cannot listen on ':8080': ...").
+        return _fail(f"{err.strerror or err}; choose another --metrics-bind-address or "
+                     "--health-probe-bind-address (0 disables)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

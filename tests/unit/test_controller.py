@@ -1,0 +1,1002 @@
+"""controller.py: the pure parts on their own, the reconcile against fakes, the command line.
+
+The fakes stand for the Manager (stores + client). `FakeApiServer` mimics what
+matters of the apiserver for server-side apply: defaults it fills in,
+quantities it canonicalises, resourceVersions that move only on a change.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import pathlib
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+import controller
+from controller import (
+    MY, MyReconciler, EventRecorder, desired_status, needs_apply, parse_duration,
+    parse_quantity, render_deployment, render_service, status_changed, validate_my,
+    validate_spec,
+)
+from k8s_http import (
+    DEPLOYMENTS, EVENTS, SERVICES, InvalidError, NotFoundError, ObjectKey, Result,
+    set_condition,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KEY = ObjectKey("default", "foobar")
+UID = "0b5c6c1e-1111-4a4a-9999-000000000001"
+LABELS = {"app.kubernetes.io/name": "my", "app.kubernetes.io/instance": "foobar",
+          "app.kubernetes.io/managed-by": "my-controller"}
+SELECTOR = {"app.kubernetes.io/name": "my", "app.kubernetes.io/instance": "foobar"}
+
+
+def make_my(spec=None, *, name="foobar", generation=1, status=None, rv="100", uid=UID):
+    my = {
+        "apiVersion": "mine.jp/v1", "kind": "My",
+        "metadata": {"name": name, "namespace": "default", "uid": uid,
+                     "generation": generation, "resourceVersion": rv},
+        "spec": {"image": "postgres:16", "replicas": 1, "port": 5432,
+                 "serviceType": "ClusterIP"} if spec is None else spec,
+    }
+    if status is not None:
+        my["status"] = status
+    return my
+
+
+# ---------------------------------------------------------------------------
+# A fake apiserver: just enough of server-side apply
+
+
+_CANONICAL = {"1000m": "1", "0.5": "500m", "1024Mi": "1Gi", "2000m": "2", "0.1": "100m"}
+
+
+def _canonical_quantities(obj):
+    for container in obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        for section in (container.get("resources") or {}).values():
+            for name, value in section.items():
+                section[name] = _CANONICAL.get(value, value)
+
+
+def server_defaults(resource, obj):
+    """What the apiserver adds to an applied child."""
+    obj = copy.deepcopy(obj)
+    spec = obj.setdefault("spec", {})
+    if resource == DEPLOYMENTS:
+        spec.setdefault("strategy", {"type": "RollingUpdate",
+                                     "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault("progressDeadlineSeconds", 600)
+        pod = spec["template"]["spec"]
+        pod.setdefault("restartPolicy", "Always")
+        pod.setdefault("dnsPolicy", "ClusterFirst")
+        pod.setdefault("schedulerName", "default-scheduler")
+        pod.setdefault("securityContext", {})
+        pod.setdefault("terminationGracePeriodSeconds", 30)
+        spec["template"]["metadata"].setdefault("creationTimestamp", None)
+        for c in pod["containers"]:
+            c.setdefault("terminationMessagePath", "/dev/termination-log")
+            c.setdefault("terminationMessagePolicy", "File")
+            c.setdefault("imagePullPolicy", "IfNotPresent")
+            c.setdefault("resources", {})
+            for p in c.get("ports", []):
+                p.setdefault("protocol", "TCP")
+        _canonical_quantities(obj)
+    elif resource == SERVICES:
+        spec.setdefault("clusterIP", "10.0.0.17")
+        spec.setdefault("clusterIPs", ["10.0.0.17"])
+        spec.setdefault("sessionAffinity", "None")
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
+        spec.setdefault("internalTrafficPolicy", "Cluster")
+        for p in spec["ports"]:
+            p.setdefault("protocol", "TCP")
+            if spec.get("type") in ("NodePort", "LoadBalancer"):
+                p.setdefault("nodePort", 31234)
+    return obj
+
+
+class FakeApiServer:
+    """A recording ApiClient over a dict of objects."""
+
+    def __init__(self):
+        self.objects: dict[tuple[str, ObjectKey], dict] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.events: list[dict] = []
+        self._rv = itertools.count(1000)
+        self.fail_apply: Exception | None = None
+
+    def _next_rv(self) -> str:
+        return str(next(self._rv))
+
+    def put(self, resource, obj):
+        obj = copy.deepcopy(obj)
+        obj["metadata"].setdefault("resourceVersion", self._next_rv())
+        self.objects[(resource.plural, ObjectKey(obj["metadata"]["namespace"],
+                                                 obj["metadata"]["name"]))] = obj
+        return obj
+
+    # -- the ApiClient surface the controller uses
+
+    def get(self, resource, name, *, namespace=None, subresource=None):
+        self.calls.append(("get", resource.plural, name))
+        obj = self.objects.get((resource.plural, ObjectKey(namespace, name)))
+        if obj is None:
+            raise NotFoundError(404, f"{resource.plural} {name} not found", reason="NotFound")
+        return copy.deepcopy(obj)
+
+    def apply(self, resource, obj, *, field_manager, force=False, namespace=None, **_):
+        assert field_manager == "my-controller" and force is True
+        assert obj["metadata"]["namespace"] == namespace
+        self.calls.append(("apply", resource.plural, obj["metadata"]["name"]))
+        if self.fail_apply is not None:
+            raise self.fail_apply
+        key = (resource.plural, ObjectKey(namespace, obj["metadata"]["name"]))
+        old = self.objects.get(key)
+        new = server_defaults(resource, obj)
+        if old is None:
+            new["metadata"].update(uid=f"uid-{resource.plural}", generation=1)
+            new["status"] = {}
+        else:
+            # Keep what the server and other managers own; ours replaces ours.
+            merged = copy.deepcopy(old)
+            merged["metadata"]["labels"] = {**old["metadata"].get("labels", {}),
+                                            **new["metadata"]["labels"]}
+            merged["metadata"]["annotations"] = {**old["metadata"].get("annotations", {}),
+                                                 **new["metadata"]["annotations"]}
+            merged["metadata"]["ownerReferences"] = new["metadata"]["ownerReferences"]
+            merged["spec"] = new["spec"]
+            if merged == old:
+                return copy.deepcopy(old)   # no change: same resourceVersion
+            if merged["spec"] != old["spec"]:
+                merged["metadata"]["generation"] = old["metadata"]["generation"] + 1
+            new = merged
+        new["metadata"]["resourceVersion"] = self._next_rv()
+        self.objects[key] = new
+        return copy.deepcopy(new)
+
+    def patch_status(self, resource, name, patch, *, namespace=None, patch_type="merge"):
+        assert resource == MY and set(patch) == {"status"}
+        self.calls.append(("patch_status", resource.plural, name))
+        key = (resource.plural, ObjectKey(namespace, name))
+        obj = self.objects.get(key)
+        if obj is None:
+            raise NotFoundError(404, "gone", reason="NotFound")
+        obj["status"] = copy.deepcopy(patch["status"])
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        return copy.deepcopy(obj)
+
+    def create(self, resource, obj, *, namespace=None, **_):
+        assert resource == EVENTS
+        self.calls.append(("create", resource.plural, obj["metadata"]["name"]))
+        self.events.append(obj)
+        return obj
+
+    # -- views for assertions
+
+    def writes(self):
+        """Object writes (events are counted apart)."""
+        return [c for c in self.calls if c[0] in ("apply", "patch_status")]
+
+    def reset(self):
+        self.calls.clear()
+        self.events.clear()
+
+    def obj(self, resource, key=KEY):
+        return self.objects.get((resource.plural, key))
+
+
+class FakeStore:
+    def __init__(self):
+        self.items: dict[ObjectKey, dict] = {}
+
+    def get(self, key):
+        return self.items.get(key)
+
+
+class FakeManager:
+    def __init__(self):
+        self.client = FakeApiServer()
+        self.stores = {MY: FakeStore(), DEPLOYMENTS: FakeStore(), SERVICES: FakeStore()}
+
+    def store(self, resource):
+        return self.stores[resource]
+
+    def sync(self):
+        """Let the informers catch up: children only when they carry our label."""
+        for resource, store in self.stores.items():
+            store.items.clear()
+            for (plural, key), obj in self.client.objects.items():
+                if plural != resource.plural:
+                    continue
+                labels = obj["metadata"].get("labels") or {}
+                if resource != MY and labels.get("app.kubernetes.io/managed-by") != "my-controller":
+                    continue
+                store.items[key] = copy.deepcopy(obj)
+
+
+@pytest.fixture
+def mgr():
+    m = FakeManager()
+    m.client.put(MY, make_my())
+    m.sync()
+    return m
+
+
+@pytest.fixture
+def reconciler(mgr):
+    # each event 1000 s apart: the rate limit stays out of the way
+    clock = itertools.count(0, 1000)
+    recorder = EventRecorder(mgr.client, instance="test", clock=lambda: float(next(clock)))
+    return MyReconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z")
+
+
+def set_deployment_status(mgr, **status):
+    dep = mgr.client.obj(DEPLOYMENTS)
+    dep["status"] = {"observedGeneration": dep["metadata"]["generation"], **status}
+    dep["metadata"]["resourceVersion"] = mgr.client._next_rv()
+
+
+def reasons(mgr):
+    return [(e["type"], e["reason"]) for e in mgr.client.events]
+
+
+# ---------------------------------------------------------------------------
+# validate_spec / validate_my
+
+
+def test_valid_spec_has_no_problems():
+    spec = {"image": "postgres:16", "replicas": 1, "port": 5432, "serviceType": "ClusterIP",
+            "env": [{"name": "FOO", "value": "bar"}, {"name": "EMPTY"}],
+            "resources": {"requests": {"cpu": "100m", "memory": 1024},
+                          "limits": {"memory": "256Mi", "example.com/gpu": "1"}}}
+    assert validate_spec(spec) == []
+
+
+def test_defaults_are_assumed_when_the_crd_did_not_fill_them():
+    assert validate_spec({"image": "nginx"}) == []
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("nope", "spec: must be an object"),
+    ({}, "spec.image: required"),
+    ({"image": ""}, "spec.image: required"),
+    ({"image": "x" * 513}, "at most 512"),
+    ({"image": "nginx latest"}, "whitespace"),
+    ({"image": "a", "replicas": -1}, "spec.replicas"),
+    ({"image": "a", "replicas": 101}, "spec.replicas"),
+    ({"image": "a", "replicas": "3"}, "spec.replicas"),
+    ({"image": "a", "replicas": True}, "spec.replicas"),
+    ({"image": "a", "replicas": 1.5}, "spec.replicas"),
+    ({"image": "a", "port": 0}, "spec.port"),
+    ({"image": "a", "port": 65536}, "spec.port"),
+    ({"image": "a", "serviceType": "ExternalName"}, "spec.serviceType"),
+    ({"image": "a", "env": {"FOO": "bar"}}, "spec.env: must be a list"),
+    ({"image": "a", "env": [{"name": f"V{i}"} for i in range(65)]}, "at most 64"),
+    ({"image": "a", "env": [{"name": "1ABC"}]}, "spec.env[0].name"),
+    ({"image": "a", "env": [{"name": "A=B"}]}, "spec.env[0].name"),
+    ({"image": "a", "env": [{"value": "x"}]}, "spec.env[0].name"),
+    ({"image": "a", "env": [{"name": "A"}, {"name": "A"}]}, "duplicate"),
+    ({"image": "a", "env": [{"name": "A", "value": 3}]}, "spec.env[0].value"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {}}]}, "unsupported"),
+    ({"image": "a", "env": ["A=1"]}, "spec.env[0]"),
+    ({"image": "a", "resources": {"requests": {"cpu": "lots"}}}, "not a quantity"),
+    ({"image": "a", "resources": {"requests": {"cpu": "-1"}}}, "not a quantity"),
+    ({"image": "a", "resources": {"requests": {"cpu": -1}}}, "negative"),
+    ({"image": "a", "resources": {"requests": {"cpu": "1e999"}}}, "exponent"),
+    ({"image": "a", "resources": {"limits": {"bad name!": "1"}}}, "invalid resource name"),
+    ({"image": "a", "resources": {"claims": []}}, "unsupported"),
+    ({"image": "a", "resources": {"requests": ["cpu"]}}, "must be a map"),
+    ({"image": "a", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}},
+     "must not exceed"),
+])
+def test_invalid_specs_are_named(spec, fragment):
+    problems = validate_spec(spec)
+    assert problems and any(fragment in p for p in problems), problems
+
+
+def test_requests_equal_to_limits_in_another_spelling_are_fine():
+    assert validate_spec({"image": "a", "resources": {"requests": {"memory": "1024Mi"},
+                                                      "limits": {"memory": "1Gi"}}}) == []
+
+
+@pytest.mark.parametrize("name", ["1abc", "a.b", "x" * 64, "Foo"])
+def test_names_that_cannot_name_a_service_are_invalid(name):
+    assert any("metadata.name" in p for p in validate_my(make_my(name=name)))
+
+
+def test_validate_my_includes_the_spec():
+    assert validate_my(make_my()) == []
+    assert any("spec.port" in p for p in validate_my(make_my({"image": "a", "port": 0})))
+
+
+@pytest.mark.parametrize("a, b", [("1000m", "1"), ("1", 1), ("0.5", "500m"), ("1Gi", "1024Mi"),
+                                  ("1k", "1000"), ("1e3", "1k"), ("100m", ".1"), ("+1", "1")])
+def test_quantities_compare_by_value(a, b):
+    assert parse_quantity(a) == parse_quantity(b)
+
+
+def test_parse_quantity_values():
+    assert parse_quantity("250m") == Fraction(1, 4)
+    assert parse_quantity("2Ki") == 2048
+    assert parse_quantity("3u") == Fraction(3, 10**6)
+
+
+# ---------------------------------------------------------------------------
+# render_deployment / render_service
+
+
+def test_render_deployment_is_the_spec():
+    my = make_my({"image": "postgres:16", "replicas": 3, "port": 5432, "serviceType": "ClusterIP",
+                  "env": [{"name": "FOO", "value": "bar"}, {"name": "EMPTY", "value": ""}],
+                  "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "256Mi"}}})
+    dep = render_deployment(my)
+    assert dep["apiVersion"] == "apps/v1" and dep["kind"] == "Deployment"
+    meta = dep["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("foobar", "default")
+    assert meta["labels"] == LABELS
+    assert meta["ownerReferences"] == [{"apiVersion": "mine.jp/v1", "kind": "My", "name": "foobar",
+                                        "uid": UID, "controller": True,
+                                        "blockOwnerDeletion": True}]
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["selector"] == {"matchLabels": SELECTOR}
+    template = dep["spec"]["template"]
+    assert template["metadata"]["labels"] == LABELS
+    # the selector must select the template's labels
+    assert SELECTOR.items() <= template["metadata"]["labels"].items()
+    (container,) = template["spec"]["containers"]
+    assert container["name"] == "app" and container["image"] == "postgres:16"
+    assert container["ports"] == [{"containerPort": 5432, "protocol": "TCP"}]
+    # an empty value is dropped: the apiserver omits it, so keeping it would look like drift
+    assert container["env"] == [{"name": "FOO", "value": "bar"}, {"name": "EMPTY"}]
+    assert container["resources"] == {"requests": {"cpu": "100m"}, "limits": {"memory": "256Mi"}}
+
+
+def test_render_deployment_omits_what_the_spec_does_not_set():
+    (container,) = render_deployment(make_my({"image": "nginx"}))["spec"]["template"]["spec"][
+        "containers"]
+    assert "env" not in container and "resources" not in container
+    assert container["ports"] == [{"containerPort": 8080, "protocol": "TCP"}]
+
+
+def test_render_service():
+    svc = render_service(make_my({"image": "a", "port": 5432, "serviceType": "NodePort"}))
+    assert svc["apiVersion"] == "v1" and svc["kind"] == "Service"
+    assert svc["metadata"]["labels"] == LABELS
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert svc["metadata"]["ownerReferences"][0]["controller"] is True
+    assert svc["spec"] == {"type": "NodePort", "selector": SELECTOR,
+                           "ports": [{"port": 5432, "targetPort": 5432, "protocol": "TCP"}]}
+
+
+def test_the_config_hash_follows_the_configuration():
+    a = render_deployment(make_my())
+    b = render_deployment(make_my())
+    c = render_deployment(make_my({"image": "postgres:17", "replicas": 1, "port": 5432}))
+    ann = controller.CONFIG_HASH_ANNOTATION
+    assert a["metadata"]["annotations"][ann] == b["metadata"]["annotations"][ann]
+    assert a["metadata"]["annotations"][ann] != c["metadata"]["annotations"][ann]
+
+
+# ---------------------------------------------------------------------------
+# needs_apply
+
+
+def _live(resource, desired):
+    live = server_defaults(resource, desired)
+    live["metadata"].update(uid="child", resourceVersion="7", generation=1,
+                            creationTimestamp="2026-01-01T00:00:00Z")
+    live["metadata"]["labels"]["team"] = "db"          # someone else's label
+    live["status"] = {"replicas": 1}
+    return live
+
+
+FULL_SPEC = {"image": "postgres:16", "replicas": 2, "port": 5432, "serviceType": "NodePort",
+             "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "$(A)"}],
+             "resources": {"requests": {"cpu": "1000m", "memory": "1024Mi"},
+                           "limits": {"cpu": "2000m"}}}
+
+
+@pytest.mark.parametrize("resource, render", [(DEPLOYMENTS, render_deployment),
+                                              (SERVICES, render_service)])
+def test_server_defaults_and_canonical_quantities_are_not_drift(resource, render):
+    desired = render(make_my(FULL_SPEC))
+    assert needs_apply(desired, _live(resource, desired)) is False
+
+
+def test_a_missing_child_needs_an_apply():
+    assert needs_apply(render_service(make_my()), None) is True
+
+
+def _deployment_pair():
+    desired = render_deployment(make_my(FULL_SPEC))
+    return desired, _live(DEPLOYMENTS, desired)
+
+
+def _container(obj):
+    return obj["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: _container(d).update(image="evil:1"),
+    lambda d: d["spec"].update(replicas=5),
+    lambda d: d["metadata"]["labels"].pop("app.kubernetes.io/managed-by"),
+    lambda d: d["metadata"].pop("ownerReferences"),
+    lambda d: d["metadata"]["ownerReferences"][0].update(controller=False),
+    lambda d: _container(d)["env"].reverse(),                    # order matters: $(A)
+    lambda d: _container(d)["env"].pop(),
+    lambda d: _container(d)["env"][0].update(value="2"),
+    lambda d: _container(d)["resources"]["requests"].update(cpu="2"),
+    lambda d: _container(d)["resources"]["limits"].pop("cpu"),
+    lambda d: _container(d)["ports"][0].update(containerPort=80),
+    lambda d: d["metadata"]["annotations"].clear(),
+], ids=["image", "replicas", "label", "ownerref", "ownerref-controller", "env-order",
+        "env-removed", "env-value", "quantity", "limit-removed", "port", "hash"])
+def test_drift_in_fields_we_own_needs_an_apply(edit):
+    desired, live = _deployment_pair()
+    edit(live)
+    assert needs_apply(desired, live) is True
+
+
+def test_foreign_additions_are_not_drift():
+    desired, live = _deployment_pair()
+    pod = live["spec"]["template"]["spec"]
+    pod["containers"].insert(0, {"name": "sidecar", "image": "envoy"})   # injected by a webhook
+    pod["containers"][1]["env"].append({"name": "INJECTED", "value": "x"})  # another manager's
+    live["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "3"
+    live["metadata"]["ownerReferences"].append({"apiVersion": "v1", "kind": "ConfigMap",
+                                                "name": "x", "uid": "other"})
+    assert needs_apply(desired, live) is False
+
+
+def test_a_field_we_stop_sending_needs_an_apply():
+    before = render_deployment(make_my(FULL_SPEC))
+    live = _live(DEPLOYMENTS, before)
+    spec = copy.deepcopy(FULL_SPEC)
+    spec["env"] = spec["env"][:1]            # B removed from the My: desired ⊆ live, yet stale
+    after = render_deployment(make_my(spec))
+    assert needs_apply(after, live) is True
+
+
+def test_a_foreign_child_needs_an_apply_but_reconcile_never_applies_it():
+    desired = render_deployment(make_my())
+    foreign = _live(DEPLOYMENTS, desired)
+    foreign["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "Other",
+                                               "name": "x", "uid": "zzz", "controller": True}]
+    assert needs_apply(desired, foreign) is True    # see test_conflict_* for the reconcile
+
+
+# ---------------------------------------------------------------------------
+# desired_status / status_changed
+
+
+def _deployment(generation=1, **status):
+    return {"metadata": {"generation": generation}, "status": status}
+
+
+def test_status_available_when_ready_reaches_desired():
+    my = make_my(generation=3)
+    st = desired_status(my, _deployment(observedGeneration=1, replicas=1, readyReplicas=1,
+                                        updatedReplicas=1), now="T1")
+    assert st["observedGeneration"] == 3
+    assert (st["replicas"], st["readyReplicas"]) == (1, 1)
+    assert st["selector"] == "app.kubernetes.io/instance=foobar,app.kubernetes.io/name=my"
+    (cond,) = st["conditions"]
+    assert cond == {"type": "Ready", "status": "True", "reason": "Available",
+                    "message": "1/1 replicas ready", "observedGeneration": 3,
+                    "lastTransitionTime": "T1"}
+
+
+@pytest.mark.parametrize("deployment", [
+    None,
+    _deployment(observedGeneration=1, replicas=1, readyReplicas=0, updatedReplicas=1),
+    _deployment(generation=2, observedGeneration=1, replicas=1, readyReplicas=1, updatedReplicas=1),
+    _deployment(observedGeneration=1, replicas=2, readyReplicas=1, updatedReplicas=0),
+], ids=["no-deployment", "not-ready", "generation-not-observed", "rollout-not-done"])
+def test_status_progressing(deployment):
+    cond = desired_status(make_my(), deployment, now="T")["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("False", "Progressing")
+
+
+def test_zero_replicas_is_available_once_observed():
+    my = make_my({"image": "a", "replicas": 0})
+    cond = desired_status(my, _deployment(observedGeneration=1), now="T")["conditions"][0]
+    assert cond["reason"] == "Available"
+
+
+def test_failure_conditions():
+    st = desired_status(make_my(), None, condition=("InvalidSpec", "spec.port: bad"), now="T")
+    assert st["conditions"][0]["status"] == "False"
+    assert st["conditions"][0]["reason"] == "InvalidSpec"
+    assert st["conditions"][0]["message"] == "spec.port: bad"
+    assert (st["replicas"], st["readyReplicas"]) == (0, 0)
+
+
+def test_last_transition_time_moves_only_on_a_flip():
+    my = make_my()
+    first = desired_status(my, None, now="T1")                       # False/Progressing
+    my["status"] = first
+    same = desired_status(my, None, condition=("Conflict", "x"), now="T2")   # still False
+    assert same["conditions"][0]["lastTransitionTime"] == "T1"
+    assert same["conditions"][0]["reason"] == "Conflict"
+    my["status"] = same
+    flipped = desired_status(my, _deployment(observedGeneration=1, replicas=1, readyReplicas=1,
+                                             updatedReplicas=1), now="T3")
+    assert flipped["conditions"][0]["lastTransitionTime"] == "T3"
+
+
+def test_foreign_status_fields_and_conditions_are_kept():
+    my = make_my(status={"conditions": set_condition([], {"type": "Backup", "status": "True"},
+                                                     now="T0"),
+                         "note": "kept"})
+    st = desired_status(my, None, now="T1")
+    assert st["note"] == "kept"
+    assert [c["type"] for c in st["conditions"]] == ["Backup", "Ready"]
+
+
+def test_status_changed():
+    my = make_my()
+    new = desired_status(my, None, now="T1")
+    assert status_changed(my.get("status"), new)
+    my["status"] = new
+    assert not status_changed(new, desired_status(my, None, now="T2"))
+    assert status_changed(new, desired_status(my, _deployment(observedGeneration=1, replicas=1),
+                                              now="T2"))
+    my2 = make_my(generation=2, status=new)
+    assert status_changed(new, desired_status(my2, None, now="T2"))
+
+
+# ---------------------------------------------------------------------------
+# The reconcile against a fake manager
+
+
+def test_first_reconcile_creates_both_children_and_writes_status_once(mgr, reconciler):
+    assert reconciler(KEY) is None
+    assert [c for c in mgr.client.calls if c[0] != "create"] == [
+        ("get", "deployments", "foobar"), ("get", "services", "foobar"),
+        ("apply", "deployments", "foobar"), ("apply", "services", "foobar"),
+        ("patch_status", "my", "foobar")]
+    assert reasons(mgr) == [("Normal", "Created"), ("Normal", "Created")]
+    event = mgr.client.events[0]
+    assert event["involvedObject"] == {"apiVersion": "mine.jp/v1", "kind": "My", "name": "foobar",
+                                       "namespace": "default", "uid": UID,
+                                       "resourceVersion": "100"}
+    assert event["source"] == {"component": "my-controller"}
+    assert event["reportingComponent"] == "my-controller" and event["count"] == 1
+    assert event["metadata"]["namespace"] == "default"
+    assert event["message"] == "Created Deployment foobar"
+    status = mgr.client.obj(MY)["status"]
+    assert status["conditions"][0]["reason"] == "Progressing"
+    assert status["observedGeneration"] == 1
+
+
+def test_converged_reconciles_write_nothing(mgr, reconciler):
+    reconciler(KEY)
+    mgr.sync()
+    mgr.client.reset()
+    for _ in range(3):
+        assert reconciler(KEY) is None
+    assert mgr.client.calls == []      # not even a read: everything is in the caches
+
+
+def test_a_reconcile_before_the_caches_catch_up_writes_nothing(mgr, reconciler):
+    reconciler(KEY)
+    mgr.client.reset()                 # caches still show the My without status, no children
+    reconciler(KEY)
+    assert mgr.client.writes() == [] and mgr.client.events == []
+
+
+def test_deployment_progress_is_reported_once(mgr, reconciler):
+    reconciler(KEY)
+    set_deployment_status(mgr, replicas=1, readyReplicas=1, updatedReplicas=1)
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
+    cond = mgr.client.obj(MY)["status"]["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("True", "Available")
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.calls == []
+
+
+def test_drift_is_put_back(mgr, reconciler):
+    reconciler(KEY)
+    dep = mgr.client.obj(DEPLOYMENTS)
+    dep["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:1"
+    dep["metadata"]["resourceVersion"] = "5000"
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.writes() == [("apply", "deployments", "foobar")]
+    assert reasons(mgr) == [("Normal", "Updated")]
+    assert _container(mgr.client.obj(DEPLOYMENTS))["image"] == "postgres:16"
+
+
+def test_a_deleted_child_is_recreated(mgr, reconciler):
+    reconciler(KEY)
+    mgr.sync()
+    del mgr.client.objects[("services", KEY)]
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.writes() == [("apply", "services", "foobar")]
+    assert reasons(mgr) == [("Normal", "Created")]
+
+
+def test_a_spec_change_updates_the_children_and_the_generation(mgr, reconciler):
+    reconciler(KEY)
+    mgr.sync()
+    my = mgr.client.obj(MY)
+    my["spec"]["replicas"] = 3
+    my["metadata"]["generation"] = 2
+    my["metadata"]["resourceVersion"] = "6000"
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.writes() == [("apply", "deployments", "foobar"),
+                                   ("patch_status", "my", "foobar")]
+    assert mgr.client.obj(MY)["status"]["observedGeneration"] == 2
+
+
+def test_invalid_spec_writes_status_once_and_leaves_children_alone(mgr, reconciler):
+    reconciler(KEY)
+    mgr.sync()
+    my = mgr.client.obj(MY)
+    my["spec"]["port"] = 0
+    my["metadata"]["generation"] = 2
+    my["metadata"]["resourceVersion"] = "6000"
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(KEY) is None
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert reasons(mgr) == [("Warning", "InvalidSpec")]
+    cond = mgr.client.obj(MY)["status"]["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidSpec")
+    assert "spec.port" in cond["message"]
+    # the same generation again (a resync, a child event): nothing at all
+    mgr.sync()
+    mgr.client.reset()
+    for _ in range(3):
+        assert reconciler(KEY) is None
+    assert mgr.client.calls == []
+
+
+def test_invalid_spec_from_the_start_creates_nothing(mgr, reconciler):
+    mgr.client.put(MY, make_my({"image": "a", "replicas": 1000}))
+    mgr.sync()
+    reconciler(KEY)
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert mgr.client.obj(DEPLOYMENTS) is None
+
+
+def _foreign_deployment(mgr, *, labelled):
+    foreign = {"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "foobar", "namespace": "default", "uid": "foreign",
+                            "labels": dict(LABELS) if labelled else {"app": "theirs"}},
+               "spec": {"replicas": 1}}
+    if labelled:
+        foreign["metadata"]["ownerReferences"] = [
+            {"apiVersion": "mine.jp/v1", "kind": "My", "name": "foobar", "uid": "an-older-my",
+             "controller": True}]
+    mgr.client.put(DEPLOYMENTS, foreign)
+    mgr.sync()
+
+
+@pytest.mark.parametrize("labelled", [False, True], ids=["unlabelled", "labelled-other-owner"])
+def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
+    _foreign_deployment(mgr, labelled=labelled)
+    before = copy.deepcopy(mgr.client.obj(DEPLOYMENTS))
+    result = reconciler(KEY)
+    # no error (no hot retry); a slow re-check because its deletion may be invisible to us
+    assert isinstance(result, Result) and result.requeue_after_seconds >= 30
+    assert [c for c in mgr.client.calls if c[0] == "apply"] == []
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert reasons(mgr) == [("Warning", "Conflict")]
+    assert mgr.client.obj(DEPLOYMENTS) == before
+    assert mgr.client.obj(SERVICES) is None          # neither child while one conflicts
+    cond = mgr.client.obj(MY)["status"]["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("False", "Conflict")
+    assert "Deployment foobar" in cond["message"]
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.writes() == [] and mgr.client.events == []
+    # the foreign object goes away: we take over the name
+    del mgr.client.objects[("deployments", KEY)]
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(KEY) is None
+    assert [c[0] for c in mgr.client.writes()] == ["apply", "apply", "patch_status"]
+
+
+def test_apply_failure_reports_and_raises(mgr, reconciler):
+    mgr.client.fail_apply = InvalidError(422, "spec.template: bad", reason="Invalid")
+    with pytest.raises(InvalidError):
+        reconciler(KEY)
+    assert reasons(mgr) == [("Warning", "ReconcileError")]
+    cond = mgr.client.obj(MY)["status"]["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("False", "ApplyFailed")
+    # a retry that fails the same way writes no new status
+    mgr.sync()
+    mgr.client.reset()
+    with pytest.raises(InvalidError):
+        reconciler(KEY)
+    assert [c for c in mgr.client.calls if c[0] == "patch_status"] == []
+    # recovery
+    mgr.client.fail_apply = None
+    mgr.sync()
+    reconciler(KEY)
+    assert mgr.client.obj(MY)["status"]["conditions"][0]["reason"] == "Progressing"
+
+
+def test_a_terminating_namespace_is_not_retried(mgr, reconciler):
+    from k8s_http import ForbiddenError
+    mgr.client.fail_apply = ForbiddenError(
+        403, 'deployments.apps "foobar" is forbidden: unable to create new content in namespace '
+        "default because it is being terminated", reason="Forbidden",
+        details={"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]})
+    assert reconciler(KEY) is None          # no exception: no retry
+    assert mgr.client.writes() == [("apply", "deployments", "foobar")]
+    assert mgr.client.events == []
+
+
+def test_a_deleted_my_costs_nothing(mgr, reconciler):
+    mgr.stores[MY].items.clear()
+    assert reconciler(KEY) is None
+    assert mgr.client.calls == []
+
+
+def test_a_my_being_deleted_is_left_to_the_garbage_collector(mgr, reconciler):
+    mgr.client.obj(MY)["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    mgr.sync()
+    assert reconciler(KEY) is None
+    assert mgr.client.calls == []
+
+
+# ---------------------------------------------------------------------------
+# EventRecorder
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_events_are_rate_limited_per_object():
+    client, clock = FakeApiServer(), _Clock()
+    rec = EventRecorder(client, instance="t", clock=clock)
+    my = make_my()
+    sent = [rec.event(my, "Warning", "ReconcileError", f"attempt {i}") for i in range(8)]
+    assert sent == [True] * 5 + [False] * 3          # burst of 5
+    other = make_my(name="other")
+    assert rec.event(other, "Warning", "ReconcileError", "x")   # buckets are per object
+    clock.now += 30
+    assert rec.event(my, "Warning", "ReconcileError", "attempt 9")      # one token per 30 s
+    assert not rec.event(my, "Warning", "ReconcileError", "attempt 10")
+    assert len(client.events) == 7
+
+
+def test_identical_events_are_deduplicated_for_five_minutes():
+    client, clock = FakeApiServer(), _Clock()
+    rec = EventRecorder(client, instance="t", clock=clock)
+    my = make_my()
+    assert rec.event(my, "Warning", "Conflict", "same")
+    clock.now += 299
+    assert not rec.event(my, "Warning", "Conflict", "same")
+    assert rec.event(my, "Warning", "Conflict", "different")
+    clock.now += 2
+    assert rec.event(my, "Warning", "Conflict", "same")
+
+
+def test_event_failures_never_raise():
+    class Broken(FakeApiServer):
+        def create(self, *a, **k):
+            raise RuntimeError("apiserver down")
+    rec = EventRecorder(Broken(), instance="t")
+    assert rec.event(make_my(), "Normal", "Created", "x") is False
+
+
+def test_event_shape_and_long_messages():
+    client = FakeApiServer()
+    rec = EventRecorder(client, instance="pod-1", wall_time=lambda: "2026-01-01T00:00:00Z",
+                        time_ns=lambda: 255)
+    rec.event(make_my(), "Warning", "ReconcileError", "x" * 5000)
+    (event,) = client.events
+    assert event["metadata"]["name"] == "foobar.ff"
+    assert len(event["message"]) == 1024
+    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-01-01T00:00:00Z"
+    assert event["reportingInstance"] == "pod-1" and event["type"] == "Warning"
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+SPEC_FLAGS = ["--kubeconfig", "--context", "--namespace", "--workers", "--metrics-bind-address",
+              "--health-probe-bind-address", "--leader-elect", "--leader-election-namespace",
+              "--leader-election-id", "--qps", "--burst", "--graceful-shutdown-timeout",
+              "--log-level", "--log-format"]
+
+
+def run_cli(*args, env=None):
+    full_env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, str(ROOT / "controller.py"), *args],
+                          capture_output=True, text=True, timeout=60, env=full_env,
+                          cwd=str(ROOT))
+
+
+def test_help_documents_every_flag():
+    proc = run_cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    for flag in SPEC_FLAGS:
+        assert flag in proc.stdout, flag
+    assert proc.stdout.startswith("usage: my-controller")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--workers", "x"], "--workers"),
+    (["--workers", "0"], "--workers"),
+    (["--graceful-shutdown-timeout", "soon"], "--graceful-shutdown-timeout"),
+    (["--graceful-shutdown-timeout", "-5s"], "--graceful-shutdown-timeout"),
+    (["--metrics-bind-address", "8080"], "--metrics-bind-address"),
+    (["--health-probe-bind-address", "[::zz]:8081"], "--health-probe-bind-address"),
+    (["--qps", "-1"], "--qps"),
+    (["--burst", "many"], "--burst"),
+    (["--log-level", "loud"], "--log-level"),
+    (["--namespace", "Not_A_Namespace"], "--namespace"),
+    (["--no-such-flag"], "unrecognized"),
+    (["--work", "3"], "unrecognized"),      # no silent abbreviations
+])
+def test_bad_flags_give_one_line_and_exit_2(args, fragment):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("my-controller: error:") and fragment in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_missing_kubeconfig_gives_one_line_and_exit_2(tmp_path):
+    missing = tmp_path / "nope.kubeconfig"
+    proc = run_cli("--kubeconfig", str(missing))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("my-controller: error:"), proc.stderr
+    assert str(missing) in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_a_malformed_kubeconfig_gives_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.kubeconfig"
+    bad.write_text("{not: yaml: at all")
+    proc = run_cli("--kubeconfig", str(bad))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text, seconds", [("25s", 25), ("1m", 60), ("500ms", 0.5), ("10", 10),
+                                           ("1.5", 1.5), ("1m30s", 90), ("2h", 7200),
+                                           ("0", 0), ("100us", 1e-4)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "s", "5 s", "1d", "inf", "nan", "-1", "1m-5s", "m5"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_main_wires_the_flags_into_the_manager(monkeypatch):
+    seen = {}
+
+    class Mgr:
+        def __init__(self, config, name, **kwargs):
+            seen.update(config=config, name=name, kwargs=kwargs)
+            self.client = FakeApiServer()
+
+        def add_controller(self, resource, reconcile, **kwargs):
+            seen.update(resource=resource, reconcile=reconcile, controller=kwargs)
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr(controller, "load_config",
+                        lambda path, context=None: ("config", path, context))
+    monkeypatch.setattr(controller, "Manager", Mgr)
+    monkeypatch.setattr(controller, "setup_logging", lambda *a, **k: None)
+    rc = controller.main(["--kubeconfig", "/k", "--context", "c", "--namespace", "a",
+                          "--namespace", "b", "--workers", "2", "--leader-elect",
+                          "--leader-election-namespace", "sys", "--leader-election-id", "lease",
+                          "--qps", "5", "--burst", "10", "--graceful-shutdown-timeout", "1m",
+                          "--metrics-bind-address", "127.0.0.1:0",
+                          "--health-probe-bind-address", "0"])
+    assert rc == 0
+    assert seen["config"] == ("config", "/k", "c") and seen["name"] == "my-controller"
+    assert seen["kwargs"] == dict(namespaces=["a", "b"], metrics_bind_address="127.0.0.1:0",
+                                  health_probe_bind_address="0", leader_elect=True,
+                                  leader_election_namespace="sys", leader_election_id="lease",
+                                  qps=5.0, burst=10, graceful_shutdown_timeout_seconds=60.0)
+    assert seen["resource"] == MY and isinstance(seen["reconcile"], MyReconciler)
+    assert seen["controller"] == dict(
+        owns=[DEPLOYMENTS, SERVICES],
+        owns_label_selector="app.kubernetes.io/managed-by=my-controller", workers=2)
+
+
+def test_main_defaults(monkeypatch):
+    seen = {}
+
+    class Mgr:
+        def __init__(self, config, name, **kwargs):
+            seen.update(kwargs)
+            self.client = None
+
+        def add_controller(self, *a, **k):
+            seen["workers"] = k["workers"]
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr(controller, "load_config", lambda path, context=None: object())
+    monkeypatch.setattr(controller, "Manager", Mgr)
+    monkeypatch.setattr(controller, "setup_logging", lambda *a, **k: None)
+    assert controller.main([]) == 0
+    assert seen == dict(namespaces=None, metrics_bind_address=":8080",
+                        health_probe_bind_address=":8081", leader_elect=False,
+                        leader_election_namespace=None, leader_election_id="my-controller",
+                        qps=0.0, burst=0, graceful_shutdown_timeout_seconds=25.0, workers=4)
+
+
+# ---------------------------------------------------------------------------
+# The memo of our own writes
+
+
+def test_memo_bridges_a_stale_cache_across_several_writes():
+    memo = controller._Memo()
+    v1 = {"metadata": {"resourceVersion": "1"}}
+    v2 = {"metadata": {"resourceVersion": "2"}}
+    v3 = {"metadata": {"resourceVersion": "3"}}
+    memo.remember("my", KEY, v1, v2)              # cache showed 1, we wrote 2
+    assert memo.fresher("my", KEY, v1) is v2
+    memo.remember("my", KEY, v2, v3)              # wrote again on top of our answer
+    assert memo.fresher("my", KEY, v1) is v3      # cache still at 1: 3 is the truth
+    assert memo.fresher("my", KEY, v2) is v3      # cache at 2: still behind
+    other = {"metadata": {"resourceVersion": "9"}}
+    assert memo.fresher("my", KEY, other) is other   # caught up (or someone wrote): cache wins
+    assert memo.fresher("my", KEY, v1) is v1         # and the memo is gone
+
+
+def test_memo_never_answers_for_a_missing_object():
+    memo = controller._Memo()
+    memo.remember("deployments", KEY, None, {"metadata": {"resourceVersion": "5"}})
+    assert memo.fresher("deployments", KEY, None) is None
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path):
+    import socket
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli("--kubeconfig", str(kubeconfig), "--metrics-bind-address",
+                       f"127.0.0.1:{port}", "--health-probe-bind-address", "0",
+                       "--log-format", "json")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("my-controller: error: cannot listen on") and str(port) in last
+    assert "--metrics-bind-address" in last and "Traceback" not in proc.stderr
