@@ -86,7 +86,8 @@ class ApiClient:
 
     def list(self, resource: Resource, *, namespace: str | None = None,
              label_selector: str | None = None, field_selector: str | None = None,
-             limit: int | None = 500, resource_version: str | None = None) -> dict:
+             limit: int | None = 500, resource_version: str | None = None,
+             transform: Callable[[dict], dict] | None = None) -> dict:
         """All pages merged: {"apiVersion", "kind", "metadata": {"resourceVersion"}, "items"}.
 
         Items get apiVersion and kind filled in (the apiserver leaves them out
@@ -94,6 +95,9 @@ class ApiClient:
         read so far are dropped and the list is made again in one unpaginated
         request at the same resourceVersion -- client-go's pager fallback --
         so the result is always one consistent snapshot.
+
+        `transform` is applied to each item as its page arrives, so an informer
+        that strips managedFields never holds a whole unstripped list at once.
         """
         path = resource.path(namespace if resource.namespaced else None)
         base = {"labelSelector": label_selector, "fieldSelector": field_selector,
@@ -108,9 +112,9 @@ class ApiClient:
                     raise
                 log.info("list %s: continue token expired after %d pages; listing again "
                          "in one request", path, len(pages))
-                pages = [self._json("GET", path, query=base)]
+                pages = [_transform_items(self._json("GET", path, query=base), transform)]
                 break
-            pages.append(page)
+            pages.append(_transform_items(page, transform))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 break
@@ -233,6 +237,13 @@ def _typed(obj: dict, resource: Resource) -> dict:
     out.setdefault("apiVersion", resource.api_version)
     out.setdefault("kind", resource.kind)
     return out
+
+
+def _transform_items(page: dict, transform: Callable[[dict], dict] | None) -> dict:
+    items = page.get("items") if isinstance(page, dict) else None
+    if transform is not None and isinstance(items, list):
+        page["items"] = [transform(i) if isinstance(i, dict) else i for i in items]
+    return page
 
 
 def _merge_pages(pages: list[dict], resource: Resource) -> dict:

@@ -104,7 +104,8 @@ class Informer:
                 on_sync=lambda items, ns=ns: self._on_sync(ns, items),
                 on_event=self._on_event, metrics=self._metrics, clock=clock, rng=rng,
                 stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
-                backoff=backoff_factory() if backoff_factory else None)
+                backoff=backoff_factory() if backoff_factory else None,
+                list_transform=transform)
         self._threads: dict[str | None, threading.Thread] = {}
 
     def __repr__(self) -> str:

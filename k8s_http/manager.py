@@ -13,14 +13,24 @@ Start order (each step needs the one before):
 Stop order is the reverse, and `stop()` is idempotent: `/readyz` turns 503,
 no new reconcile starts, in-flight ones get the graceful timeout, the lease is
 released, then the watches close.
+
+Secure metrics (`metrics_secure=True`, controller-runtime's `--metrics-secure`):
+`/metrics` is served over HTTPS and each scrape's bearer token is checked with
+a TokenReview and a SubjectAccessReview for `get /metrics` (see authn.py). The
+certificate is `tls.crt` / `tls.key` in `metrics_cert_dir`; without one, a
+self-signed certificate is made with openssl (development only). Health probes
+stay plain HTTP on their own address: the kubelet probes them anonymously.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
+import ssl
+import tempfile
 import threading
 import time
 import uuid
@@ -29,8 +39,9 @@ from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
+from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from .client import ApiClient
-from .config import ClusterConfig
+from .config import ClusterConfig, ConfigError
 from .informer import Informer, own_key, owner_key
 from .leader import LeaderElector
 from .log import reconcile_context
@@ -74,6 +85,8 @@ class Manager:
                  graceful_shutdown_timeout_seconds: float = 25.0,
                  registry: CollectorRegistry | None = None,
                  resync_period_seconds: float = 36000.0,
+                 metrics_secure: bool = False,
+                 metrics_cert_dir: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  exit_process: Callable[[int], None] = os._exit):
         self.name = name
@@ -81,6 +94,8 @@ class Manager:
         self.namespaces = list(namespaces) if namespaces else None
         self.metrics_bind_address = metrics_bind_address
         self.health_probe_bind_address = health_probe_bind_address
+        self.metrics_secure = metrics_secure
+        self.metrics_cert_dir = metrics_cert_dir
         self.graceful_shutdown_timeout_seconds = graceful_shutdown_timeout_seconds
         self.resync_period_seconds = resync_period_seconds
         self._clock = clock
@@ -111,6 +126,21 @@ class Manager:
             # Every write checks that the lease is still held.
             self.client.write_guard = self._elector.check
             self.metrics.init_leader(lease_name)
+
+        # Secure metrics: the TLS context is built now, so a missing or broken
+        # certificate is a configuration error before anything starts. The
+        # reviews are creates: they go through a client without the write
+        # guard, so a standby answers scrapes too.
+        self._metrics_tls: ssl.SSLContext | None = None
+        self._metrics_auth: MetricsAuthorizer | None = None
+        if metrics_secure and metrics_bind_address.strip() not in ("", "0"):
+            if metrics_bind_address == health_probe_bind_address:
+                raise ConfigError(
+                    "metrics bind address", f"{metrics_bind_address!r} is also the health "
+                    "probe address, and secure metrics would put the probes behind TLS",
+                    "give /metrics an address of its own")
+            self._metrics_tls = _metrics_tls_context(metrics_cert_dir)
+            self._metrics_auth = MetricsAuthorizer(ApiClient(self.client.transport))
 
         self._informers: dict[tuple[Resource, str | None], Informer] = {}
         self._controllers: list[_Controller] = []
@@ -214,8 +244,10 @@ class Manager:
                                              healthz=self.healthz, readyz=self.readyz))
         else:
             if metrics_addr != "0":
+                auth = self._metrics_auth.check if self._metrics_auth is not None else None
                 self._servers.append(ProbeServer(metrics_addr, registry=self.registry,
-                                                 healthz=None, readyz=None))
+                                                 healthz=None, readyz=None,
+                                                 tls=self._metrics_tls, metrics_auth=auth))
             if probe_addr != "0":
                 self._servers.append(ProbeServer(probe_addr, registry=None,
                                                  healthz=self.healthz, readyz=self.readyz))
@@ -354,3 +386,32 @@ class Manager:
         while not (self._stop_requested.wait(0.5) or self._stop.is_set()):
             pass
         return self.stop()
+
+
+def _metrics_tls_context(cert_dir: str | None) -> ssl.SSLContext:
+    """The HTTPS context for secure metrics: `tls.crt` / `tls.key` from `cert_dir`,
+    else a throw-away self-signed pair. Raises ConfigError naming the fix."""
+    if cert_dir:
+        cert, key = os.path.join(cert_dir, "tls.crt"), os.path.join(cert_dir, "tls.key")
+        try:
+            return server_tls_context(cert, key)
+        except ValueError as exc:
+            raise ConfigError(cert_dir, f"cannot load tls.crt / tls.key ({exc.__cause__ or exc})",
+                              "mount a TLS Secret there (e.g. from cert-manager)") from None
+    # The key exists on disk only while openssl writes it and ssl loads it:
+    # a private directory (mkdtemp: mode 0700), removed at once.
+    directory = None
+    try:
+        directory = tempfile.mkdtemp(prefix="metrics-cert-")
+        cert, key = self_signed_cert(directory)
+        context = server_tls_context(cert, key)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ConfigError("--metrics-secure", f"no certificate directory was given and a "
+                          f"self-signed certificate could not be made ({exc})",
+                          "pass --metrics-cert-dir with tls.crt and tls.key") from None
+    finally:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+    log.warning("secure metrics: serving a self-signed certificate (development only; "
+                "scrapers cannot verify it); use --metrics-cert-dir for a real one")
+    return context

@@ -315,8 +315,12 @@ class Watcher:
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
                  stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
-                 backoff: Backoff | None = None):
+                 backoff: Backoff | None = None,
+                 list_transform: Callable[[dict], dict] | None = None):
         self._client = client
+        # Applied to listed items page by page (the store's transform), so the
+        # peak memory of a relist is one unstripped page, not the whole list.
+        self._list_transform = list_transform
         self._resource = resource
         self._namespace = namespace
         self._label_selector = label_selector
@@ -450,7 +454,8 @@ class Watcher:
             result = self._client.list(
                 self._resource, namespace=self._namespace, label_selector=self._label_selector,
                 field_selector=self._field_selector,
-                limit=self._page_size if not rv else None, resource_version=rv or None)
+                limit=self._page_size if not rv else None, resource_version=rv or None,
+                transform=self._list_transform)
         except Exception as err:  # every failure is an input; the table decides
             return failure(err)
         meta = result.get("metadata") if isinstance(result, dict) else None
