@@ -528,6 +528,14 @@ def _readiness(spec: dict, deployment: dict | None) -> tuple[str, str, str]:
     return "False", PROGRESSING, f"{ready}/{desired} replicas ready"
 
 
+def _is_rollout_pending(deployment: dict | None) -> bool:
+    """The Deployment controller has not yet observed this Deployment's generation."""
+    if deployment is None:
+        return False
+    observed = (deployment.get("status") or {}).get("observedGeneration") or 0
+    return observed < (_meta(deployment).get("generation") or 0)
+
+
 def desired_status(my: dict, deployment: dict | None, *,
                    condition: tuple[str, str] | None = None, now: str | None = None) -> dict:
     """The status `my` should have.
@@ -833,6 +841,13 @@ class MyReconciler:
             lives[resource] = applied
             self._report_apply(my, resource, live, applied)
 
+        if _is_rollout_pending(lives[DEPLOYMENTS]):
+            # The Deployment controller has not looked at this Deployment spec
+            # yet. Its status update is an event on a watched child, so we will
+            # be back within moments; reporting "update pending" now would cost a
+            # second status write for every create and spec change (SPEC: one
+            # My costs at most 3 object writes).
+            return None
         self._write_status(key, my, lives[DEPLOYMENTS])
         return None
 

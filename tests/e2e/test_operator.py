@@ -400,6 +400,20 @@ def test_the_crd_rejects_what_it_can(operator, api, namespace):
                                "serviceType": "ClusterIP"}
 
 
+def test_creating_one_my_costs_at_most_three_object_writes(operator, api, namespace):
+    time.sleep(2)      # earlier tests' own writes coming back through the watches
+    before = operator.writes()
+    api.create(MY, make_my("frugal", namespace))
+    wait_reason(api, "frugal", namespace, "Available")
+    eventually(lambda: get_or_none(api, SERVICES, "frugal", namespace), timeout=TIMEOUT)
+    time.sleep(3)      # anything the Deployment controller's status updates would trigger
+    after = operator.writes()
+    # PATCH: the Deployment and the Service (server-side apply) and the status.
+    # POST: only Events (the reconciler creates nothing else).
+    assert after["PATCH"] - before["PATCH"] <= 3, (before, after)
+    assert after["DELETE"] == before["DELETE"]
+
+
 def test_zero_writes_once_converged(operator, api, namespace):
     for i in range(3):
         api.create(MY, make_my(f"quiet-{i}", namespace))
