@@ -1088,6 +1088,12 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="ADDR", help="where /metrics listens; 0 disables it")
     serve.add_argument("--health-probe-bind-address", type=bind_address, default=":8081",
                        metavar="ADDR", help="where /healthz and /readyz listen; 0 disables them")
+    serve.add_argument("--metrics-secure", action="store_true",
+                       help="serve /metrics over HTTPS, only to bearer tokens allowed to get "
+                            "/metrics (checked by TokenReview and SubjectAccessReview)")
+    serve.add_argument("--metrics-cert-dir", metavar="PATH", default=None,
+                       help="directory with tls.crt and tls.key for --metrics-secure (default: "
+                            "a self-signed certificate made with openssl, for development)")
 
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
@@ -1120,6 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
             leader_election_id=args.leader_election_id,
             qps=args.qps, burst=args.burst,
             graceful_shutdown_timeout_seconds=args.graceful_shutdown_timeout,
+            metrics_secure=args.metrics_secure, metrics_cert_dir=args.metrics_cert_dir,
         )
     except ConfigError as err:
         return _fail(err)

@@ -133,6 +133,10 @@ class Manager:
         # guard, so a standby answers scrapes too.
         self._metrics_tls: ssl.SSLContext | None = None
         self._metrics_auth: MetricsAuthorizer | None = None
+        if metrics_cert_dir and not metrics_secure:
+            raise ConfigError("--metrics-cert-dir", "a certificate was given but "
+                              "--metrics-secure is off, so /metrics would be plain HTTP",
+                              "add --metrics-secure, or drop --metrics-cert-dir")
         if metrics_secure and metrics_bind_address.strip() not in ("", "0"):
             if metrics_bind_address == health_probe_bind_address:
                 raise ConfigError(
@@ -147,6 +151,9 @@ class Manager:
         self._threads: list[threading.Thread] = []
         self._servers: list[ProbeServer] = []
         self._stop = threading.Event()          # set: the manager is stopping
+        # Set by the signal handler itself, before the main thread wakes up to
+        # call stop(): readiness and the worker gate close at the signal.
+        self._draining = threading.Event()
         # The elector keeps renewing until the drain is over and the lease is
         # released (as controller-runtime cancels election last): stopping it
         # with _stop would let the lease lapse under slow in-flight reconciles.
@@ -159,8 +166,8 @@ class Manager:
 
         self.healthz = HealthChecks()
         self.readyz = HealthChecks()
-        self.readyz.add("shutdown", lambda: (not self._stop.is_set(),
-                                              "shutting down" if self._stop.is_set() else "ok"))
+        self.readyz.add("shutdown", lambda: (not self._is_stopping(),
+                                              "shutting down" if self._is_stopping() else "ok"))
 
     # ---- building -------------------------------------------------------
 
@@ -228,9 +235,12 @@ class Manager:
     def _caches_synced(self) -> bool:
         return all(i.has_synced() for i in self._informers.values())
 
+    def _is_stopping(self) -> bool:
+        return self._draining.is_set() or self._stop.is_set()
+
     def _may_reconcile(self) -> bool:
         """The gate every worker checks before it starts a reconcile."""
-        if self._stop.is_set() or not self._caches_synced():
+        if self._is_stopping() or not self._caches_synced():
             return False
         return self._elector is None or self._elector.is_leader()
 
@@ -373,7 +383,9 @@ class Manager:
             log.warning("second signal (%s): exiting at once", signal.Signals(signum).name)
             self._exit_process(1)
         log.info("received %s; shutting down", signal.Signals(signum).name)
-        # The handler runs on the main thread, which run() parks on _stop.
+        # The handler runs on the main thread, which run() parks on
+        # _stop_requested; readiness is withdrawn here, not when it wakes.
+        self._draining.set()
         self._stop_requested.set()
 
     def run(self) -> int:

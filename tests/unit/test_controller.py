@@ -944,13 +944,15 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
                           "--leader-election-namespace", "sys", "--leader-election-id", "lease",
                           "--qps", "5", "--burst", "10", "--graceful-shutdown-timeout", "1m",
                           "--metrics-bind-address", "127.0.0.1:0",
-                          "--health-probe-bind-address", "0"])
+                          "--health-probe-bind-address", "0",
+                          "--metrics-secure", "--metrics-cert-dir", "/certs"])
     assert rc == 0
     assert seen["config"] == ("config", "/k", "c") and seen["name"] == "my-controller"
     assert seen["kwargs"] == dict(namespaces=["a", "b"], metrics_bind_address="127.0.0.1:0",
                                   health_probe_bind_address="0", leader_elect=True,
                                   leader_election_namespace="sys", leader_election_id="lease",
-                                  qps=5.0, burst=10, graceful_shutdown_timeout_seconds=60.0)
+                                  qps=5.0, burst=10, graceful_shutdown_timeout_seconds=60.0,
+                                  metrics_secure=True, metrics_cert_dir="/certs")
     assert seen["resource"] == MY and isinstance(seen["reconcile"], MyReconciler)
     assert seen["controller"] == dict(
         owns=[DEPLOYMENTS, SERVICES],
@@ -978,7 +980,8 @@ def test_main_defaults(monkeypatch):
     assert seen == dict(namespaces=None, metrics_bind_address=":8080",
                         health_probe_bind_address=":8081", leader_elect=False,
                         leader_election_namespace=None, leader_election_id="my-controller",
-                        qps=0.0, burst=0, graceful_shutdown_timeout_seconds=25.0, workers=4)
+                        qps=0.0, burst=0, graceful_shutdown_timeout_seconds=25.0,
+                        metrics_secure=False, metrics_cert_dir=None, workers=4)
 
 
 # ---------------------------------------------------------------------------

@@ -146,8 +146,10 @@ def test_bindings_point_at_the_service_account():
             assert (subject["kind"], subject["name"], subject["namespace"]) == \
                 ("ServiceAccount", sa["metadata"]["name"], NAMESPACE)
             bound[doc["roleRef"]["name"]] = doc["roleRef"]["kind"]
-    # metrics-auth and metrics-reader exist but are not bound to the controller
-    assert bound == {"my-controller": "ClusterRole", "my-controller-leader-election": "Role"}
+    # metrics-auth (reviews for --metrics-secure) is the controller's; metrics-reader
+    # is for the scraper, so it is not bound to the controller
+    assert bound == {"my-controller": "ClusterRole", "my-controller-leader-election": "Role",
+                     "my-controller-metrics-auth": "ClusterRole"}
 
 
 def test_metrics_roles():
