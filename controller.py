@@ -18,9 +18,8 @@ Layout of this file, top to bottom:
   3. ``render_deployment`` / ``render_service``: the apply configurations;
   4. ``needs_apply``: does the cached child already say what we would apply?
   5. ``desired_status`` / ``status_changed``;
-  6. ``EventRecorder``: core/v1 Events, rate-limited per object;
-  7. ``MyReconciler``: the level-based reconcile, reading caches, writing little;
-  8. ``main``: flags, configuration errors as one line, the Manager.
+  6. ``MyReconciler``: the level-based reconcile, reading caches, writing little;
+  7. ``main``: flags, configuration errors as one line, the Manager.
 
 Everything above ``MyReconciler`` is pure and unit-tested on its own. This
 module imports only the standard library and the ``k8s_http`` package root.
@@ -37,16 +36,14 @@ import json
 import logging
 import math
 import re
-import socket
 import sys
 import threading
-import time
 from fractions import Fraction
 from typing import Callable
 
 from k8s_http import (
+    EventRecorder,
     DEPLOYMENTS,
-    EVENTS,
     SERVICES,
     ApiError,
     ConfigError,
@@ -581,119 +578,7 @@ def _ready_summary(status: dict | None) -> tuple | None:
 
 
 # --------------------------------------------------------------------------
-# 6. Events
-
-
-class EventRecorder:
-    """Creates core/v1 Events about objects, so that a failing object cannot flood the apiserver.
-
-    Per object (namespace/name): a token bucket of BURST events refilled at one
-    per REFILL_SECONDS, and an identical (type, reason, message) is dropped
-    within DEDUPE_SECONDS of the last one sent. (client-go's recorder instead
-    patches `count` on the existing Event; creating only keeps RBAC at
-    `events: create`, and a repeat within 5 minutes tells the reader nothing new.)
-
-    Best effort, as in client-go: a failure to create an Event is logged and
-    never fails the reconcile that reported it.
-    """
-
-    BURST = 5
-    REFILL_SECONDS = 30.0
-    DEDUPE_SECONDS = 300.0
-    # Forget per-object state idle for this long once this many objects are tracked.
-    PRUNE_ABOVE = 1024
-    MAX_MESSAGE_CHARS = 1024
-
-    def __init__(self, client, *, component: str = NAME, instance: str | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall_time: Callable[[], str] = rfc3339_now,
-                 time_ns: Callable[[], int] = time.time_ns):
-        self.client = client
-        self.component = component
-        self.instance = (instance or socket.gethostname())[:128]
-        self._clock = clock
-        self._wall_time = wall_time
-        self._time_ns = time_ns
-        self._lock = threading.Lock()
-        # key -> [tokens, last refill time, {(type, reason, message): last sent}]
-        self._state: dict[ObjectKey, list] = {}
-        self.sent = 0
-        self.dropped = 0
-
-    def _admit(self, key: ObjectKey, signature: tuple) -> bool:
-        now = self._clock()
-        with self._lock:
-            if len(self._state) > self.PRUNE_ABOVE:
-                self._prune(now)
-            state = self._state.setdefault(key, [float(self.BURST), now, {}])
-            tokens, last, recent = state
-            tokens = min(float(self.BURST), tokens + (now - last) / self.REFILL_SECONDS)
-            state[0], state[1] = tokens, now
-            for sig, at in list(recent.items()):
-                if now - at >= self.DEDUPE_SECONDS:
-                    del recent[sig]
-            if signature in recent or tokens < 1.0:
-                self.dropped += 1
-                return False
-            state[0] = tokens - 1.0
-            recent[signature] = now
-            return True
-
-    def _prune(self, now: float) -> None:
-        for key, (_, last, recent) in list(self._state.items()):
-            if now - last >= self.DEDUPE_SECONDS and not recent:
-                del self._state[key]
-            elif now - last >= max(self.DEDUPE_SECONDS, self.BURST * self.REFILL_SECONDS):
-                del self._state[key]
-
-    def forget(self, key: ObjectKey) -> None:
-        with self._lock:
-            self._state.pop(key, None)
-
-    def event(self, obj: dict, type_: str, reason: str, message: str) -> bool:
-        """Record an event about `obj` (Normal or Warning); True if one was sent."""
-        meta = _meta(obj)
-        key = ObjectKey(meta.get("namespace") or "", meta.get("name") or "")
-        message = message[:self.MAX_MESSAGE_CHARS]
-        if not self._admit(key, (type_, reason, message)):
-            log.debug("event dropped by the rate limit", extra={"reason": reason, "key": str(key)})
-            return False
-        now = self._wall_time()
-        namespace = meta.get("namespace") or "default"
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            # client-go's naming: the object's name and the time in hex nanoseconds.
-            "metadata": {"name": f"{meta.get('name')}.{self._time_ns():x}", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": obj.get("apiVersion") or MY.api_version,
-                "kind": obj.get("kind") or MY.kind,
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message,
-            "type": type_,
-            "source": {"component": self.component},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": self.component,
-            "reportingInstance": self.instance,
-        }
-        try:
-            self.client.create(EVENTS, event, namespace=namespace)
-        except Exception as err:  # best effort: never fail a reconcile over an event
-            log.warning("could not record event %s on %s: %s", reason, key, err)
-            return False
-        self.sent += 1
-        return True
-
-
-# --------------------------------------------------------------------------
-# 7. The reconcile
+# 6. The reconcile (Events go through k8s_http's EventRecorder)
 
 
 class _Memo:
@@ -768,7 +653,7 @@ class MyReconciler:
     def __init__(self, mgr, *, recorder: EventRecorder | None = None,
                  now: Callable[[], str] = rfc3339_now):
         self.mgr = mgr
-        self.recorder = recorder or EventRecorder(mgr.client)
+        self.recorder = recorder or EventRecorder(mgr.client, component=NAME)
         self._now = now
         self._memo = _Memo()
 
@@ -914,7 +799,7 @@ class MyReconciler:
 
 
 # --------------------------------------------------------------------------
-# 8. Command line
+# 7. Command line
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,

@@ -17,6 +17,7 @@ from .errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeou
                      K8sHttpError, NotFoundError, NotLeaderError, ProtocolError,
                      RedirectError, ServerError, TooManyRequestsError, TransportError,
                      UnauthorizedError)
+from .events import EventRecorder
 from .log import setup_logging
 from .manager import VERSION as __version__
 from .manager import Manager
@@ -41,5 +42,5 @@ __all__ = [
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now",
-    "setup_logging",
+    "setup_logging", "EventRecorder",
 ]

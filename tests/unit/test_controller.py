@@ -19,11 +19,12 @@ import pytest
 
 import controller
 from controller import (
-    MY, MyReconciler, EventRecorder, desired_status, needs_apply, parse_duration,
+    MY, MyReconciler, desired_status, needs_apply, parse_duration,
     parse_quantity, render_deployment, render_service, status_changed, validate_my,
     validate_spec,
 )
 from k8s_http import (
+    EventRecorder,
     DEPLOYMENTS, EVENTS, SERVICES, InvalidError, NotFoundError, ObjectKey, Result,
     set_condition,
 )
@@ -232,7 +233,7 @@ def mgr():
 def reconciler(mgr):
     # each event 1000 s apart: the rate limit stays out of the way
     clock = itertools.count(0, 1000)
-    recorder = EventRecorder(mgr.client, instance="test", clock=lambda: float(next(clock)))
+    recorder = EventRecorder(mgr.client, component="my-controller", instance="test", clock=lambda: float(next(clock)))
     return MyReconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z")
 
 
@@ -783,64 +784,6 @@ def test_a_my_being_deleted_is_left_to_the_garbage_collector(mgr, reconciler):
     mgr.sync()
     assert reconciler(KEY) is None
     assert mgr.client.calls == []
-
-
-# ---------------------------------------------------------------------------
-# EventRecorder
-
-
-class _Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-def test_events_are_rate_limited_per_object():
-    client, clock = FakeApiServer(), _Clock()
-    rec = EventRecorder(client, instance="t", clock=clock)
-    my = make_my()
-    sent = [rec.event(my, "Warning", "ReconcileError", f"attempt {i}") for i in range(8)]
-    assert sent == [True] * 5 + [False] * 3          # burst of 5
-    other = make_my(name="other")
-    assert rec.event(other, "Warning", "ReconcileError", "x")   # buckets are per object
-    clock.now += 30
-    assert rec.event(my, "Warning", "ReconcileError", "attempt 9")      # one token per 30 s
-    assert not rec.event(my, "Warning", "ReconcileError", "attempt 10")
-    assert len(client.events) == 7
-
-
-def test_identical_events_are_deduplicated_for_five_minutes():
-    client, clock = FakeApiServer(), _Clock()
-    rec = EventRecorder(client, instance="t", clock=clock)
-    my = make_my()
-    assert rec.event(my, "Warning", "Conflict", "same")
-    clock.now += 299
-    assert not rec.event(my, "Warning", "Conflict", "same")
-    assert rec.event(my, "Warning", "Conflict", "different")
-    clock.now += 2
-    assert rec.event(my, "Warning", "Conflict", "same")
-
-
-def test_event_failures_never_raise():
-    class Broken(FakeApiServer):
-        def create(self, *a, **k):
-            raise RuntimeError("apiserver down")
-    rec = EventRecorder(Broken(), instance="t")
-    assert rec.event(make_my(), "Normal", "Created", "x") is False
-
-
-def test_event_shape_and_long_messages():
-    client = FakeApiServer()
-    rec = EventRecorder(client, instance="pod-1", wall_time=lambda: "2026-01-01T00:00:00Z",
-                        time_ns=lambda: 255)
-    rec.event(make_my(), "Warning", "ReconcileError", "x" * 5000)
-    (event,) = client.events
-    assert event["metadata"]["name"] == "foobar.ff"
-    assert len(event["message"]) == 1024
-    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-01-01T00:00:00Z"
-    assert event["reportingInstance"] == "pod-1" and event["type"] == "Warning"
 
 
 # ---------------------------------------------------------------------------

@@ -113,6 +113,6 @@ EXPECTED_API = [
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now",
-    # logging
-    "setup_logging",
+    # logging and events
+    "setup_logging", "EventRecorder",
 ]

@@ -1,0 +1,85 @@
+"""EventRecorder: core/v1 Events, rate-limited and de-duplicated per object."""
+
+from k8s_http import EventRecorder
+
+
+class RecordingClient:
+    """The one ApiClient call the recorder makes."""
+
+    def __init__(self):
+        self.events = []
+
+    def create(self, resource, obj, *, namespace=None, **_):
+        assert resource.plural == "events" and obj["metadata"]["namespace"] == namespace
+        self.events.append(obj)
+        return obj
+
+
+def make_my(name="foobar"):
+    return {"apiVersion": "mine.jp/v1", "kind": "My",
+            "metadata": {"name": name, "namespace": "default", "uid": "u-" + name,
+                         "resourceVersion": "7"}}
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_events_are_rate_limited_per_object():
+    client, clock = RecordingClient(), _Clock()
+    rec = EventRecorder(client, component="my-controller", instance="t", clock=clock)
+    my = make_my()
+    sent = [rec.event(my, "Warning", "ReconcileError", f"attempt {i}") for i in range(8)]
+    assert sent == [True] * 5 + [False] * 3          # burst of 5
+    other = make_my(name="other")
+    assert rec.event(other, "Warning", "ReconcileError", "x")   # buckets are per object
+    clock.now += 30
+    assert rec.event(my, "Warning", "ReconcileError", "attempt 9")      # one token per 30 s
+    assert not rec.event(my, "Warning", "ReconcileError", "attempt 10")
+    assert len(client.events) == 7
+
+
+def test_identical_events_are_deduplicated_for_five_minutes():
+    client, clock = RecordingClient(), _Clock()
+    rec = EventRecorder(client, component="my-controller", instance="t", clock=clock)
+    my = make_my()
+    assert rec.event(my, "Warning", "Conflict", "same")
+    clock.now += 299
+    assert not rec.event(my, "Warning", "Conflict", "same")
+    assert rec.event(my, "Warning", "Conflict", "different")
+    clock.now += 2
+    assert rec.event(my, "Warning", "Conflict", "same")
+
+
+def test_event_failures_never_raise():
+    class Broken(RecordingClient):
+        def create(self, *a, **k):
+            raise RuntimeError("apiserver down")
+    rec = EventRecorder(Broken(), component="my-controller", instance="t")
+    assert rec.event(make_my(), "Normal", "Created", "x") is False
+
+
+def test_event_shape_and_long_messages():
+    client = RecordingClient()
+    rec = EventRecorder(client, component="my-controller", instance="pod-1", wall_time=lambda: "2026-01-01T00:00:00Z",
+                        time_ns=lambda: 255)
+    rec.event(make_my(), "Warning", "ReconcileError", "x" * 5000)
+    (event,) = client.events
+    assert event["metadata"]["name"] == "foobar.ff"
+    assert len(event["message"]) == 1024
+    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-01-01T00:00:00Z"
+    assert event["reportingInstance"] == "pod-1" and event["type"] == "Warning"
+
+
+def test_involved_object_names_the_object():
+    client = RecordingClient()
+    EventRecorder(client, component="c").event(make_my(), "Normal", "Created", "m")
+    (event,) = client.events
+    assert event["involvedObject"] == {"apiVersion": "mine.jp/v1", "kind": "My", "name": "foobar",
+                                       "namespace": "default", "uid": "u-foobar",
+                                       "resourceVersion": "7"}
+    assert event["source"] == {"component": "c"} and event["reportingComponent"] == "c"
