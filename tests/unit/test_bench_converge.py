@@ -1,0 +1,92 @@
+"""bench/converge.py's pure parts: request counting, aggregation, goals, profile buckets.
+
+The benchmark itself needs the control plane and kopf's venv (`make bench`);
+these tests only pin the arithmetic its report rests on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from convergence import report  # noqa: E402
+from convergence.cluster import BENCH_USER_AGENT, AuditLog  # noqa: E402
+from convergence.scenarios import converged, env_value, status_current  # noqa: E402
+
+
+def _audit(verb, resource, *, user="admin", agent="my-controller/0.1", sub=None, code=200):
+    ref = {"resource": resource, **({"subresource": sub} if sub else {})}
+    return json.dumps({"kind": "Event", "verb": verb, "user": {"username": user},
+                       "userAgent": agent, "objectRef": ref,
+                       "responseStatus": {"code": code}}) + "\n"
+
+
+def test_audit_log_counts_only_the_operators_requests_after_the_mark(tmp_path):
+    log = tmp_path / "audit.log"
+    log.write_text(_audit("create", "my", agent=BENCH_USER_AGENT))
+    mark = AuditLog(log).mark()
+    with open(log, "a") as f:
+        f.write(_audit("patch", "deployments"))
+        f.write(_audit("patch", "my", sub="status"))
+        f.write(_audit("create", "services", code=409))
+        f.write(_audit("get", "services"))
+        f.write(_audit("create", "my", agent=BENCH_USER_AGENT))        # the load generator
+        f.write(_audit("update", "deployments", user="system:kube-controller-manager"))
+        f.write('{"kind": "Event", "verb": "pat')                        # a line being written
+    counts = AuditLog(log).since(mark)
+    assert (counts.writes, counts.reads, counts.failed_writes) == (3, 1, 1)
+    assert counts.by_kind == {"patch deployments": 1, "patch my/status": 1,
+                              "create services": 1}
+
+
+def test_ratios_pair_runs_in_order_and_skip_failed_ones():
+    raw = {"ours-w4": {"burst_10": [{"converge_seconds": 1.0}, {"error": "x"},
+                                    {"converge_seconds": 3.0}]},
+           "kopf": {"burst_10": [{"converge_seconds": 4.0}, {"converge_seconds": 5.0},
+                                 {"converge_seconds": 6.0}]}}
+    agg = report.aggregate(raw)
+    assert agg["ours-w4"]["burst_10"]["converge_seconds"]["median"] == 2.0
+    assert agg["ours-w4"]["burst_10"]["errors"] == ["x"]
+    ratio = report.ratios(raw)["ours-w4"]["burst_10"]["converge_seconds"]
+    assert ratio["runs"] == [0.25, 0.5]
+
+
+def test_goals_report_the_margin():
+    agg = {"ours-w4": {"idle": {"writes": report.summary([0, 0, 2])},
+                       "latency": {"p99_ms": report.summary([50.0])},
+                       "startup": {"ready_seconds": report.summary([1.5])}}}
+    rat = {"ours-w4": {"burst_1000": {"converge_seconds": report.summary([0.5]),
+                                      "cpu_seconds": report.summary([0.25]),
+                                      "peak_rss_mib": report.summary([0.6])}}}
+    goals = {g["goal"].split(" ")[0] + str(i): g
+             for i, g in enumerate(report.goals(agg, rat, op="ours-w4", size=1000))}
+    met = [g["met"] for g in goals.values()]
+    assert met == [False, True, False, True, True, False]
+    lines = "\n".join(report.goal_lines(list(goals.values())))
+    assert "1.5x short of the goal" in lines          # 2x faster against 3x
+    assert "1.5x the limit" in lines                  # ready in 1.5 s against 1 s
+
+
+@pytest.mark.parametrize("status, ok", [
+    ({"observedGeneration": 2, "conditions": [{"type": "Ready", "status": "False"}]}, True),
+    ({"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True"}]}, False),
+    ({"observedGeneration": 2}, False),
+])
+def test_status_is_current_only_with_the_generation_and_a_ready_condition(status, ok):
+    my = {"metadata": {"name": "a", "generation": 2}, "status": status}
+    assert status_current(my) is ok
+    assert converged("my", my) is ok
+    assert converged("deployment", {"metadata": {"name": "a"}})
+
+
+def test_env_value_reads_the_app_container():
+    deployment = {"spec": {"template": {"spec": {"containers": [
+        {"name": "app", "env": [{"name": "OTHER", "value": "1"}, {"name": "FOO", "value": "v2"}]}
+    ]}}}}
+    assert env_value(deployment) == "v2"
