@@ -311,6 +311,8 @@ def write_markdown(path: Path, data: dict) -> None:
     if data.get("profile"):
         out += _profile_section(data["profile"], largest)
     out += _analysis(data, largest, labels)
+    if data.get("notes"):                     # added by hand to a results file, kept here
+        out += ["## Notes", ""] + [f"- {note}" for note in data["notes"]] + [""]
     out += ["## Method notes", "",
             "- Times are measured by the bench: from just before the first create (or update) "
             "to the arrival of the last awaited watch event at the bench's own watchers.",
@@ -362,7 +364,10 @@ def _profile_section(profile: dict, size: int) -> list[str]:
               else "") + ". cProfile charges a C function that releases the GIL (os.urandom, "
            "socket calls) with the time its thread then waits to get the GIL back, so with "
            "several threads busy the own times add up to more than the CPU time and those "
-           "functions look heavier than they are: read the shares as indicative.", "",
+           "functions look heavier than they are; likewise the wait in a `with lock:` block "
+           "is charged to the function that holds the block (a function of ours with a "
+           "high own time per call is waiting, not computing). Read the shares as "
+           "indicative.", "",
            "By area (own time, blocking calls excluded):", "",
            "| area | own (s) | share |", "|---|---|---|"]
     for a in profile["areas"][:12]:
@@ -408,9 +413,19 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
             f"took, against {cpu_ours:.0f} s for {labels.get(HEADLINE, HEADLINE)}"
             + (f" and {cpu_kopf:.0f} s for kopf" if cpu_kopf else "") + ". Once the apiserver "
             "is saturated, convergence time follows the number of requests each operator "
-            "makes, not how fast it makes them -- which is also why 16 workers gain little "
-            "over 4. On a real cluster the control plane has its own machines, and the "
-            "operator's own CPU cost (the CPU column) is what is left to compare.")
+            "makes more than how fast it makes them. On a real cluster the control plane "
+            "has its own machines, and the operator's own CPU cost (the CPU column) is what "
+            "is left to compare.")
+    sweep = [(op, med(op, burst, "converge_seconds")) for op in agg if op.startswith("ours-w")]
+    sweep = sorted(((int(op[6:]), t) for op, t in sweep if t), key=lambda x: x[0])
+    if len(sweep) > 1:
+        spread = (agg.get(HEADLINE) or {}).get(burst, {}).get("converge_seconds") or {}
+        out.append(
+            "- Workers: " + ", ".join(f"{w} -> {t:.0f} s" for w, t in sweep) +
+            f" for {size} objects" + (f" (4 workers ranged {spread['min']:.0f}–"
+                                       f"{spread['max']:.0f} s over its runs, so "
+                                       "differences within that range are noise)"
+                                       if spread else "") + ".")
     w_ours, w_kopf = med(HEADLINE, burst, "writes_per_object"), \
         med("kopf", burst, "writes_per_object")
     r_ours = med(HEADLINE, burst, "reads")

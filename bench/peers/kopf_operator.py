@@ -18,6 +18,8 @@ objects" / "Updating the objects", "Hierarchies", "Indexing", "Events"):
   that, from what the index says). Every change of either object recomputes,
   so the status always ends up right (an earlier version that wrote the status
   from the handlers' own, possibly stale, copies could leave a wrong count).
+  The status of a new spec waits until kopf has recorded handling it: written
+  earlier, its watch event makes kopf run the handler a second time.
 
 kopf's defaults are kept, except where the CRD forces a choice: its schema is
 structural and has no room for kopf's ``status.kopf`` progress records, so the
@@ -31,6 +33,7 @@ Run (bench/converge.py does):
 from __future__ import annotations
 
 import datetime
+import json
 import threading
 
 import kopf
@@ -182,10 +185,19 @@ def ensure_children(name, namespace, spec, body, reason, logger, **_):
 
 # ---------------------------------------------------------------- the status
 
-# kopf's record that it has handled an object. A status write that reaches kopf
-# before this annotation does makes kopf handle the object again (its watch event
-# carries a body without the record), so the status waits for it.
-HANDLED = "kopf.zalando.org/last-handled-configuration"
+# kopf's record of the configuration it last handled. A status write that reaches
+# kopf before kopf's own record of a new spec does makes kopf handle that spec again
+# (the write's watch event carries a body with the old record), so the status waits
+# until the record matches the spec.
+LAST_HANDLED = "kopf.zalando.org/last-handled-configuration"
+
+
+def _handled(spec, meta) -> bool:
+    record = (meta.get("annotations") or {}).get(LAST_HANDLED)
+    try:
+        return record is not None and json.loads(record).get("spec") == dict(spec)
+    except ValueError:
+        return False
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -193,7 +205,7 @@ def my_objects(namespace, name, spec, status, meta, **_):
     """(namespace, name) -> the My's generation, desired replicas and current status."""
     return {(namespace, name): {"generation": meta.get("generation"),
                                 "replicas": spec.get("replicas", 1),
-                                "handled": HANDLED in (meta.get("annotations") or {}),
+                                "handled": _handled(spec, meta),
                                 "status": dict(status)}}
 
 
