@@ -155,8 +155,9 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 class ApiserverMetrics:
     """Fallback counter: write verbs on our four resources from apiserver_request_total.
 
-    Every client's requests are in it (kube-controller-manager's too), so this
-    over-counts; used only on a control plane the bench did not start.
+    Every client's requests are in it -- kube-controller-manager's (Deployment
+    status, Events) and the bench's own spec patches in the churn phase -- so
+    this over-counts; used only on a control plane the bench did not start.
     """
 
     source = "apiserver_request_total (all clients)"
@@ -176,8 +177,10 @@ class ApiserverMetrics:
             if not m:
                 continue
             labels = dict(_LABEL.findall(m.group("labels")))
+            # APPLY is server-side apply's verb; creates of My objects are the bench's own.
             if labels.get("resource") in self.RESOURCES and \
-                    labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE"):
+                    labels.get("verb") in ("POST", "PUT", "PATCH", "APPLY", "DELETE") and \
+                    not (labels["resource"] == "my" and labels["verb"] == "POST"):
                 what = labels["resource"] + ("/" + labels["subresource"]
                                              if labels.get("subresource") else "")
                 totals[f"{labels['verb'].lower()} {what}"] += int(float(m.group("value")))
