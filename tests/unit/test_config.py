@@ -759,7 +759,7 @@ def test_exec_bad_output(tmp_path, mode, needle):
 
 
 def test_exec_timeout(tmp_path):
-    plugin = make_plugin(tmp_path, PLUGIN_MODE="sleep", timeout_seconds=0.5)
+    plugin = make_plugin(tmp_path, PLUGIN_MODE="hang", timeout_seconds=0.5)
     with pytest.raises(CredentialError) as e:
         plugin.token()
     assert_one_line(e.value, "did not finish within 0.5 s")
