@@ -123,3 +123,16 @@ def namespace(api, request) -> str:
         api.delete(NAMESPACES, name)
     except NotFoundError:
         pass
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """Operator processes started by a test, all killed when it ends (pass or fail)."""
+    from tests.e2e.operator_process import Fleet
+
+    fleet = Fleet(tmp_path)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+

@@ -27,7 +27,7 @@ import time
 import pytest
 
 from k8s_http.objects import DEPLOYMENTS
-from tests.e2e.operator_process import (MY, Fleet, OperatorProcess, delete_mys_and_wait,
+from tests.e2e.operator_process import (MY, OperatorProcess, delete_mys_and_wait,
                                         install_manifests, is_available, lease_spec, make_my,
                                         micro_time_to_epoch, stays_true)
 from tests.support.wait import eventually
@@ -57,15 +57,6 @@ def namespace(api, namespace):
     """conftest's namespace, emptied of Mys (and their children) before it is deleted."""
     yield namespace
     delete_mys_and_wait(api, namespace)
-
-
-@pytest.fixture
-def fleet(tmp_path):
-    fleet = Fleet(tmp_path)
-    try:
-        yield fleet
-    finally:
-        fleet.close()
 
 
 def start_candidates(fleet, kubeconfig, namespace, names) -> list[OperatorProcess]:

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from k8s_http.errors import NotFoundError
 from k8s_http.objects import LEASES, SERVICEACCOUNTS, Resource
-from tests.e2e.operator_process import (SA, SYSTEM_NS, Fleet, http_get, install_manifests,
+from tests.e2e.operator_process import (SA, SYSTEM_NS, http_get, install_manifests,
                                         kubeconfig_token)
 from tests.support.certs import test_pki
 from tests.support.wait import eventually
@@ -33,15 +33,6 @@ CLUSTERROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebi
 READER_ROLE = "my-controller-metrics-reader"
 
 pytestmark = pytest.mark.timeout(150)
-
-
-@pytest.fixture
-def fleet(tmp_path):
-    fleet = Fleet(tmp_path)
-    try:
-        yield fleet
-    finally:
-        fleet.close()
 
 
 @pytest.fixture

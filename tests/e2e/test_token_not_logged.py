@@ -19,7 +19,7 @@ import pytest
 
 from k8s_http.errors import NotFoundError
 from k8s_http.objects import LEASES
-from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, Fleet, delete_mys_and_wait,
+from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, delete_mys_and_wait,
                                         install_manifests, is_available, kubeconfig_token,
                                         make_my)
 from tests.support.wait import eventually
@@ -32,15 +32,6 @@ def namespace(api, namespace):
     """conftest's namespace, emptied of Mys (and their children) before it is deleted."""
     yield namespace
     delete_mys_and_wait(api, namespace)
-
-
-@pytest.fixture
-def fleet(tmp_path):
-    fleet = Fleet(tmp_path)
-    try:
-        yield fleet
-    finally:
-        fleet.close()
 
 
 def test_the_token_is_in_no_line_of_a_debug_run(control_plane, api, namespace, fleet, tmp_path):

@@ -5,18 +5,11 @@ import pytest
 from k8s_http import errors
 from k8s_http.authn import MetricsAuthorizer, server_tls_context
 from k8s_http.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
+from tests.support.clock import FakeClock
 
 PROMETHEUS = {"username": "system:serviceaccount:monitoring:prometheus", "uid": "u-1",
               "groups": ["system:serviceaccounts", "system:authenticated"],
               "extra": {"authentication.kubernetes.io/pod-name": ["prometheus-0"]}}
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 class FakeClient:
@@ -45,7 +38,7 @@ class FakeClient:
 
 @pytest.fixture
 def setup():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = FakeClient(), FakeClock(100.0)
     return MetricsAuthorizer(client, clock=clock), client, clock
 
 

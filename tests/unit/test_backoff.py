@@ -8,17 +8,7 @@ from hypothesis import strategies as st
 
 from k8s_http.backoff import (Backoff, BucketLimiter, ItemExponentialLimiter, MaxOfLimiter,
                               TokenBucket, default_controller_rate_limiter)
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.support.clock import FakeClock
 
 
 # -- Backoff ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ from k8s_http.config import (
     TokenFile,
     load_config,
 )
+from tests.support.clock import FakeClock
 
 PLUGIN = str(Path(__file__).parent / "fixtures" / "exec_plugin.py")
 SECRET = "SECRET-TOKEN-0123456789"
@@ -153,14 +154,6 @@ def make_plugin(tmp_path, *, clock=None, timeout_seconds=30.0, api_version=V1, *
                           env=[("PLUGIN_COUNT_FILE", str(tmp_path / "runs")), *env.items()],
                           base_env=BASE_ENV, wall_clock=clock or (lambda: 1_000_000_000.0),
                           timeout_seconds=timeout_seconds)
-
-
-class FakeClock:
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def assert_one_line(err: ConfigError, *needles):

@@ -1,6 +1,7 @@
 """EventRecorder: core/v1 Events, rate-limited and de-duplicated per object."""
 
 from k8s_http import EventRecorder
+from tests.support.clock import FakeClock
 
 
 class RecordingClient:
@@ -21,16 +22,8 @@ def make_my(name="foobar"):
                          "resourceVersion": "7"}}
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_events_are_rate_limited_per_object():
-    client, clock = RecordingClient(), _Clock()
+    client, clock = RecordingClient(), FakeClock(0.0)
     rec = EventRecorder(client, component="my-controller", instance="t", clock=clock)
     my = make_my()
     sent = [rec.event(my, "Warning", "ReconcileError", f"attempt {i}") for i in range(8)]
@@ -44,7 +37,7 @@ def test_events_are_rate_limited_per_object():
 
 
 def test_identical_events_are_deduplicated_for_five_minutes():
-    client, clock = RecordingClient(), _Clock()
+    client, clock = RecordingClient(), FakeClock(0.0)
     rec = EventRecorder(client, component="my-controller", instance="t", clock=clock)
     my = make_my()
     assert rec.event(my, "Warning", "Conflict", "same")

@@ -16,6 +16,7 @@ from k8s_http.leader import (LeaderElector, LeaderRecord, Observation, acquire_r
                              release_record)
 from k8s_http.metrics import Metrics
 from k8s_http.objects import LEASES
+from tests.support.clock import FakeClock
 
 T0 = "2024-05-01T12:00:00.000000Z"
 T1 = "2024-05-01T12:00:02.000000Z"
@@ -144,14 +145,6 @@ def test_timing_must_leave_a_gap():
 
 # ---------------------------------------------------------------------------
 # The loop, on fakes
-
-
-class FakeClock:
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 class FakeStop:

@@ -18,22 +18,9 @@ from k8s_http.errors import ConflictError
 from k8s_http.metrics import Metrics
 from k8s_http.runner import Result, Runner, TerminalError
 from k8s_http.workqueue import WorkQueue
+from tests.support.clock import FakeClock
 
 WAIT = 10.0     # seconds: only ever reached when a test is about to fail
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0):
-        self._now = now
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
 
 
 class Reconciler:

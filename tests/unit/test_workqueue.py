@@ -18,20 +18,7 @@ from prometheus_client import CollectorRegistry
 from k8s_http.backoff import ItemExponentialLimiter, MaxOfLimiter, BucketLimiter
 from k8s_http.metrics import Metrics
 from k8s_http.workqueue import WorkQueue
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0):
-        self._now = now
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture
