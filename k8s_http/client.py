@@ -33,6 +33,8 @@ PATCH_CONTENT_TYPES = {
 }
 # Server-side apply takes YAML, and JSON is YAML: we send JSON.
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+# See ApiClient.apply(create_only=True): a resourceVersion that no stored object has.
+_NO_OBJECT_HAS_THIS_RV = "1"
 
 
 def _encode(body) -> bytes:
@@ -171,11 +173,21 @@ class ApiClient:
 
     def apply(self, resource: Resource, obj: dict, *, field_manager: str, force: bool = False,
               namespace: str | None = None, subresource: str | None = None,
-              dry_run: bool = False) -> dict:
-        """Server-side apply: `obj` is the full intent of `field_manager`."""
+              dry_run: bool = False, create_only: bool = False) -> dict:
+        """Server-side apply: `obj` is the full intent of `field_manager`.
+
+        create_only: create the object, or raise ConflictError (409) without
+        touching it when one of that name already exists -- one request where a
+        GET-then-apply needs two and still races. It sends a resourceVersion
+        precondition no stored object can meet: etcd starts at revision 1 and its
+        first write is revision 2. (A precondition is checked against an existing
+        object only; an apply that creates ignores it.)
+        """
         if not field_manager:
             raise ValueError("server-side apply needs a field_manager")
         self._guard()
+        if create_only:
+            obj = {**obj, "metadata": {**_meta(obj), "resourceVersion": _NO_OBJECT_HAS_THIS_RV}}
         meta = _meta(obj)
         ns = self._object_namespace(resource, namespace or meta.get("namespace"))
         query = {"fieldManager": field_manager, "force": "true" if force else None,

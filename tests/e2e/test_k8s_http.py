@@ -263,6 +263,28 @@ def test_server_side_apply_conflicts_without_force_and_wins_with_it(api, namespa
     assert "f:owner" not in owned["alice"]["f:data"] and "f:extra" in owned["alice"]["f:data"]
 
 
+def test_create_only_apply_creates_a_free_name_and_never_touches_a_taken_one(api, namespace):
+    created = api.apply(CONFIGMAPS, configmap("fresh", v="1"), field_manager="e2e",
+                        force=True, namespace=namespace, create_only=True)
+    assert created["data"] == {"v": "1"}
+    managers = [(m["manager"], m["operation"]) for m in created["metadata"]["managedFields"]]
+    assert managers == [("e2e", "Apply")]          # a true apply: later applies can prune
+
+    theirs = api.create(CONFIGMAPS, configmap("taken", v="theirs"), namespace=namespace)
+    with pytest.raises(ConflictError) as refused:
+        api.apply(CONFIGMAPS, configmap("taken", v="ours"), field_manager="e2e", force=True,
+                  namespace=namespace, create_only=True)
+    assert refused.value.code == 409 and not isinstance(refused.value, AlreadyExistsError)
+    after = api.get(CONFIGMAPS, "taken", namespace=namespace)
+    assert after["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"]
+    assert after["data"] == {"v": "theirs"}
+
+    # ...nor one we made ourselves: create_only means exactly that.
+    with pytest.raises(ConflictError):
+        api.apply(CONFIGMAPS, configmap("fresh", v="2"), field_manager="e2e", force=True,
+                  namespace=namespace, create_only=True)
+
+
 def test_dry_run_apply_writes_nothing(api, namespace):
     result = api.apply(CONFIGMAPS, configmap("dry", v="1"), field_manager="e2e",
                        namespace=namespace, dry_run=True)
