@@ -47,6 +47,7 @@ from k8s_http import (
     SERVICES,
     ApiError,
     ConfigError,
+    ConflictError,
     Manager,
     NotFoundError,
     ObjectKey,
@@ -684,47 +685,40 @@ class MyReconciler:
                                condition=(INVALID_SPEC, "; ".join(problems)))
             return None
 
-        # Look at both children before touching either: a My that conflicts on
-        # one of them gets neither (no half-made state to explain).
-        lives = {}
-        for resource, _ in self.CHILDREN:
-            live = self._child(resource, key)
+        # Children our cache shows under another controller (labelled, but owned by
+        # another My) stop the reconcile before anything is written.
+        lives = {resource: self._cached_child(resource, key) for resource, _ in self.CHILDREN}
+        for resource, live in lives.items():
             if live is not None and not is_controlled_by(live, my):
-                owner = controller_of(live)
-                held = f" (controlled by {owner.get('kind')} {owner.get('name')})" if owner else ""
-                message = (f"{resource.kind} {key.name} already exists and is not controlled "
-                           f"by this My{held}; delete or rename it")
-                self._write_status(key, my, None, condition=(CONFLICT, message))
-                return Result(requeue_after_seconds=CONFLICT_RECHECK_SECONDS)
-            lives[resource] = live
+                return self._conflict(key, my, resource, live)
 
-        for resource, render in self.CHILDREN:
-            desired = render(my)
-            live = lives[resource]
-            if not needs_apply(desired, live):
-                continue
+        changes: list[tuple[str, Resource]] = []      # ("Created" | "Updated", kind)
+        try:
+            for resource, render in self.CHILDREN:
+                live = self._ensure_child(key, my, resource, render(my), lives[resource],
+                                          changes)
+                if isinstance(live, Result):
+                    return live
+                lives[resource] = live
+        except ApiError as err:
+            if _namespace_terminating(err):
+                # The namespace is being deleted (its controller removes the children
+                # before the My): creating anything there is refused, and the My goes
+                # next. As client-go's controllers do, give up quietly, no retry.
+                log.info("not recreating %s %s: namespace %s is being deleted",
+                         resource.kind, key.name, key.namespace)
+                changes.clear()          # its Events would be refused the same way
+                return None
+            message = f"applying {resource.kind} {key.name} failed: {err}"   # the failed one
+            self.recorder.event(my, "Warning", "ReconcileError", message)
             try:
-                applied = self.client.apply(resource, desired, field_manager=FIELD_MANAGER,
-                                            force=True, namespace=key.namespace)
-            except ApiError as err:
-                if _namespace_terminating(err):
-                    # The namespace is being deleted (its controller removes the children
-                    # before the My): creating anything there is refused, and the My goes
-                    # next. As client-go's controllers do, give up quietly, no retry.
-                    log.info("not recreating %s %s: namespace %s is being deleted",
-                             resource.kind, key.name, key.namespace)
-                    return None
-                message = f"applying {resource.kind} {key.name} failed: {err}"
-                self.recorder.event(my, "Warning", "ReconcileError", message)
-                try:
-                    self._write_status(key, my, self._our_cached_deployment(key, my),
-                                       condition=(APPLY_FAILED, message))
-                except Exception as status_err:  # the apply error is the one to report
-                    log.warning("could not record ApplyFailed on %s: %s", key, status_err)
-                raise  # the runner retries with backoff
-            self._memo.remember(resource.plural, key, live, applied)
-            lives[resource] = applied
-            self._report_apply(my, resource, live, applied)
+                self._write_status(key, my, self._our_cached_deployment(key, my),
+                                   condition=(APPLY_FAILED, message))
+            except Exception as status_err:  # the apply error is the one to report
+                log.warning("could not record ApplyFailed on %s: %s", key, status_err)
+            raise  # the runner retries with backoff
+        finally:
+            self._report_changes(my, changes)
 
         if _is_rollout_pending(lives[DEPLOYMENTS]):
             # The Deployment controller has not looked at this Deployment spec
@@ -736,26 +730,69 @@ class MyReconciler:
         self._write_status(key, my, lives[DEPLOYMENTS])
         return None
 
-    # -- reading --------------------------------------------------------
+    # -- children -------------------------------------------------------
 
-    def _child(self, resource: Resource, key: ObjectKey) -> dict | None:
-        """The child named like the My: cache first, else the server.
+    def _cached_child(self, resource: Resource, key: ObjectKey) -> dict | None:
+        """The child named like the My as our cache (or our last write) shows it.
 
-        Our caches only hold objects carrying our managed-by label. A missing
-        entry may be (a) no object, (b) ours but not yet seen by the watch,
-        or (c) someone else's unlabelled object of that name, or ours with the
-        label removed. Only a GET can tell, and only a GET prevents the forced
-        apply from taking over a foreign object in case (c). It costs one read
-        per missing child and reconcile; converged objects are all in the cache.
+        Our caches hold only objects carrying our managed-by label, so None means
+        (a) no object, (b) ours but not yet seen by the watch, or (c) someone
+        else's unlabelled object of that name, or ours with the label removed.
+        `_ensure_child` tells them apart with a create-only apply.
         """
-        cached = self.mgr.store(resource).get(key)
-        live = self._memo.fresher(resource.plural, key, cached)
-        if live is not None:
+        return self._memo.fresher(resource.plural, key, self.mgr.store(resource).get(key))
+
+    def _ensure_child(self, key: ObjectKey, my: dict, resource: Resource, desired: dict,
+                      live: dict | None, changes: list) -> dict | Result | None:
+        """Make the child say what `desired` says; returns it as the server has it
+        (or the cached copy when nothing differed), or a Result when it is not ours.
+
+        A child missing from the cache is created with a create-only apply: one
+        request when the name is free, which is every new My. Only if the name is
+        taken (409) do we read the object to see whose it is, and a foreign one is
+        never touched -- a plain forced apply would take it over.
+        """
+        if not needs_apply(desired, live):
             return live
-        try:
-            return self.client.get(resource, key.name, namespace=key.namespace)
-        except NotFoundError:
-            return None
+        if live is None:
+            try:
+                applied = self._apply(resource, desired, key, create_only=True)
+            except ConflictError:
+                try:
+                    live = self.client.get(resource, key.name, namespace=key.namespace)
+                except NotFoundError:
+                    return Result(requeue=True)     # deleted in between: look again soon
+                if not is_controlled_by(live, my):
+                    return self._conflict(key, my, resource, live)
+                if not needs_apply(desired, live):
+                    return live
+                applied = self._apply(resource, desired, key)
+        else:
+            applied = self._apply(resource, desired, key)
+        self._memo.remember(resource.plural, key, live, applied)
+        if live is None:
+            changes.append(("Created", resource))
+        elif _rv(applied) != _rv(live):
+            changes.append(("Updated", resource))
+        else:
+            # The server found nothing to change: needs_apply saw a difference that
+            # is not one (a normalisation it does not model). Harmless but a write.
+            log.debug("apply of %s %s changed nothing", resource.kind, key.name)
+        return applied
+
+    def _apply(self, resource: Resource, desired: dict, key: ObjectKey, *,
+               create_only: bool = False) -> dict:
+        return self.client.apply(resource, desired, field_manager=FIELD_MANAGER, force=True,
+                                 namespace=key.namespace, create_only=create_only)
+
+    def _conflict(self, key: ObjectKey, my: dict, resource: Resource, live: dict) -> Result:
+        owner = controller_of(live)
+        held = f" (controlled by {owner.get('kind')} {owner.get('name')})" if owner else ""
+        message = (f"{resource.kind} {key.name} already exists and is not controlled "
+                   f"by this My{held}; delete or rename it")
+        self._write_status(key, my, None, condition=(CONFLICT, message))
+        # Its deletion may be invisible to our label-selected watch: look again later.
+        return Result(requeue_after_seconds=CONFLICT_RECHECK_SECONDS)
 
     def _our_cached_deployment(self, key: ObjectKey, my: dict) -> dict | None:
         cached = self._memo.fresher(DEPLOYMENTS.plural, key, self.mgr.store(DEPLOYMENTS).get(key))
@@ -763,19 +800,16 @@ class MyReconciler:
 
     # -- writing --------------------------------------------------------
 
-    def _report_apply(self, my: dict, resource: Resource, live: dict | None,
-                      applied: dict) -> None:
+    def _report_changes(self, my: dict, changes: list[tuple[str, Resource]]) -> None:
+        """One Event per kind of change in a reconcile ("Created Deployment x and
+        Service x"), not one per child: Events are writes too."""
         name = _meta(my).get("name")
-        if live is None:
-            log.info("created %s %s", resource.kind, name)
-            self.recorder.event(my, "Normal", "Created", f"Created {resource.kind} {name}")
-        elif _rv(applied) != _rv(live):
-            log.info("updated %s %s", resource.kind, name)
-            self.recorder.event(my, "Normal", "Updated", f"Updated {resource.kind} {name}")
-        else:
-            # The server found nothing to change: needs_apply saw a difference that
-            # is not one (a normalisation it does not model). Harmless but a write.
-            log.debug("apply of %s %s changed nothing", resource.kind, name)
+        for verb in ("Created", "Updated"):
+            kinds = [resource.kind for done, resource in changes if done == verb]
+            if kinds:
+                what = " and ".join(f"{kind} {name}" for kind in kinds)
+                log.info("%s %s", verb.lower(), what)
+                self.recorder.event(my, "Normal", verb, f"{verb} {what}")
 
     def _write_status(self, key: ObjectKey, my: dict, deployment: dict | None, *,
                       condition: tuple[str, str] | None = None) -> None:

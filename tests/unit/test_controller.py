@@ -25,7 +25,8 @@ from controller import (
 )
 from k8s_http import (
     EventRecorder,
-    DEPLOYMENTS, EVENTS, SERVICES, InvalidError, NotFoundError, ObjectKey, Result,
+    DEPLOYMENTS, EVENTS, SERVICES, ConflictError, InvalidError, NotFoundError, ObjectKey,
+    Result,
     set_condition,
 )
 
@@ -131,14 +132,21 @@ class FakeApiServer:
             raise NotFoundError(404, f"{resource.plural} {name} not found", reason="NotFound")
         return copy.deepcopy(obj)
 
-    def apply(self, resource, obj, *, field_manager, force=False, namespace=None, **_):
+    def apply(self, resource, obj, *, field_manager, force=False, namespace=None,
+              create_only=False, **_):
         assert field_manager == "my-controller" and force is True
         assert obj["metadata"]["namespace"] == namespace
-        self.calls.append(("apply", resource.plural, obj["metadata"]["name"]))
-        if self.fail_apply is not None:
-            raise self.fail_apply
+        assert "resourceVersion" not in obj["metadata"]
         key = (resource.plural, ObjectKey(namespace, obj["metadata"]["name"]))
         old = self.objects.get(key)
+        if create_only and old is not None:
+            # the apiserver refuses it (409) and changes nothing: not a write
+            self.calls.append(("apply-refused", resource.plural, obj["metadata"]["name"]))
+            raise ConflictError(409, "the object has been modified", reason="Conflict")
+        self.calls.append(("apply-create" if create_only else "apply", resource.plural,
+                           obj["metadata"]["name"]))
+        if self.fail_apply is not None:
+            raise self.fail_apply
         new = server_defaults(resource, obj)
         if old is None:
             new["metadata"].update(uid=f"uid-{resource.plural}", generation=1)
@@ -182,7 +190,7 @@ class FakeApiServer:
 
     def writes(self):
         """Object writes (events are counted apart)."""
-        return [c for c in self.calls if c[0] in ("apply", "patch_status")]
+        return [c for c in self.calls if c[0] in ("apply", "apply-create", "patch_status")]
 
     def reset(self):
         self.calls.clear()
@@ -571,10 +579,11 @@ def observe_rollout(mgr):
 
 def test_first_reconcile_creates_both_children_and_writes_status_once(mgr, reconciler):
     assert reconciler(KEY) is None
+    # No GET: a child missing from the cache is created with a create-only apply,
+    # which the apiserver refuses (409) if the name is taken.
     assert [c for c in mgr.client.calls if c[0] != "create"] == [
-        ("get", "deployments", "foobar"), ("get", "services", "foobar"),
-        ("apply", "deployments", "foobar"), ("apply", "services", "foobar")]
-    assert reasons(mgr) == [("Normal", "Created"), ("Normal", "Created")]
+        ("apply-create", "deployments", "foobar"), ("apply-create", "services", "foobar")]
+    assert reasons(mgr) == [("Normal", "Created")]      # one Event for both children
     event = mgr.client.events[0]
     assert event["involvedObject"] == {"apiVersion": "mine.jp/v1", "kind": "My", "name": "foobar",
                                        "namespace": "default", "uid": UID,
@@ -582,7 +591,7 @@ def test_first_reconcile_creates_both_children_and_writes_status_once(mgr, recon
     assert event["source"] == {"component": "my-controller"}
     assert event["reportingComponent"] == "my-controller" and event["count"] == 1
     assert event["metadata"]["namespace"] == "default"
-    assert event["message"] == "Created Deployment foobar"
+    assert event["message"] == "Created Deployment foobar and Service foobar"
     # No status yet: the Deployment controller has not seen the Deployment, and
     # its status update brings us back (one status write per create, not two).
     assert "status" not in mgr.client.obj(MY) or not mgr.client.obj(MY)["status"]
@@ -645,8 +654,9 @@ def test_a_deleted_child_is_recreated(mgr, reconciler):
     mgr.sync()
     mgr.client.reset()
     reconciler(KEY)
-    assert mgr.client.writes() == [("apply", "services", "foobar")]
+    assert mgr.client.writes() == [("apply-create", "services", "foobar")]
     assert reasons(mgr) == [("Normal", "Created")]
+    assert mgr.client.events[0]["message"] == "Created Service foobar"
 
 
 def test_a_spec_change_updates_the_children_and_the_generation(mgr, reconciler):
@@ -717,7 +727,7 @@ def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
     result = reconciler(KEY)
     # no error (no hot retry); a slow re-check because its deletion may be invisible to us
     assert isinstance(result, Result) and result.requeue_after_seconds >= 30
-    assert [c for c in mgr.client.calls if c[0] == "apply"] == []
+    assert [c for c in mgr.client.calls if c[0] in ("apply", "apply-create")] == []
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert reasons(mgr) == [("Warning", "Conflict")]
     assert mgr.client.obj(DEPLOYMENTS) == before
@@ -734,10 +744,52 @@ def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
     mgr.sync()
     mgr.client.reset()
     assert reconciler(KEY) is None
-    assert [c[0] for c in mgr.client.writes()] == ["apply", "apply"]
+    assert [c[0] for c in mgr.client.writes()] == ["apply-create", "apply-create"]
     observe_rollout(mgr)
     reconciler(KEY)
     assert [c[0] for c in mgr.client.writes()] == ["patch_status"]
+
+
+def test_a_foreign_service_is_found_by_the_refused_create(mgr, reconciler):
+    """The Deployment's name is free, the Service's is not: we create ours and
+    leave theirs alone (a refused create-only apply changes nothing)."""
+    foreign = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "foobar", "namespace": "default", "uid": "foreign"},
+               "spec": {"ports": [{"port": 80}]}}
+    mgr.client.put(SERVICES, foreign)
+    before = copy.deepcopy(mgr.client.obj(SERVICES))
+    result = reconciler(KEY)
+    assert isinstance(result, Result) and result.requeue_after_seconds >= 30
+    assert mgr.client.obj(SERVICES) == before
+    assert [c for c in mgr.client.calls if c[0] != "create"] == [
+        ("apply-create", "deployments", "foobar"), ("apply-refused", "services", "foobar"),
+        ("get", "services", "foobar"), ("patch_status", "my", "foobar")]
+    assert reasons(mgr) == [("Warning", "Conflict"), ("Normal", "Created")]
+    assert mgr.client.obj(MY)["status"]["conditions"][0]["reason"] == "Conflict"
+
+
+def test_our_child_missing_from_a_lagging_cache_is_not_a_conflict(mgr, reconciler):
+    reconciler(KEY)                     # created both; the caches have not seen them
+    reconciler.__init__(mgr, recorder=reconciler.recorder)   # and no memo (a restart)
+    mgr.client.reset()
+    assert reconciler(KEY) is None
+    # refused creates, then a read of each shows they are ours and as desired
+    assert mgr.client.calls == [
+        ("apply-refused", "deployments", "foobar"), ("get", "deployments", "foobar"),
+        ("apply-refused", "services", "foobar"), ("get", "services", "foobar")]
+
+
+def test_a_child_deleted_between_the_refused_create_and_the_read_is_retried(mgr, reconciler):
+    _foreign_deployment(mgr, labelled=False)
+    mgr.stores[DEPLOYMENTS].items.clear()          # as if the cache had not seen it
+    real_get = mgr.client.get
+
+    def get_after_deletion(resource, name, **kw):
+        mgr.client.objects.pop((resource.plural, ObjectKey("default", name)), None)
+        return real_get(resource, name, **kw)
+    mgr.client.get = get_after_deletion
+    assert reconciler(KEY) == Result(requeue=True)
+    assert mgr.client.writes() == [] and mgr.client.events == []
 
 
 def test_apply_failure_reports_and_raises(mgr, reconciler):
@@ -769,7 +821,7 @@ def test_a_terminating_namespace_is_not_retried(mgr, reconciler):
         "default because it is being terminated", reason="Forbidden",
         details={"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]})
     assert reconciler(KEY) is None          # no exception: no retry
-    assert mgr.client.writes() == [("apply", "deployments", "foobar")]
+    assert mgr.client.writes() == [("apply-create", "deployments", "foobar")]
     assert mgr.client.events == []
 
 
