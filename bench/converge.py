@@ -147,6 +147,16 @@ class Bench:
         return results
 
 
+    def run_floor(self, size: int, run: int) -> dict:
+        namespace = f"cv-floor{run}-{size}"
+        self.cluster.create_namespace(namespace)
+        observer = Observer(self.cluster.client, namespace).start()
+        try:
+            return scenarios.floor(self.cluster, observer, namespace, size, self.settings)
+        finally:
+            observer.stop()
+
+
 # ---------------------------------------------------------------- the profile
 
 # C functions in which a thread waits rather than works (cProfile counts the wait as
@@ -237,6 +247,7 @@ def metadata(args, cluster: BenchCluster, argv: list[str]) -> dict:
                      "binaries": cluster.binaries_source()},
         "settings": {"sizes": args.sizes, "runs": args.runs, "operators": args.operators,
                      "full_scenarios_for": args.full, "sweep_runs": args.sweep_runs,
+                     "floor_runs": args.floor_runs,
                      "idle_seconds": args.idle_seconds, "latency_count": args.latency_count,
                      "replicas_per_object": args.replicas,
                      "load_threads": scenarios.Settings.load_threads,
@@ -300,6 +311,20 @@ def write_markdown(path: Path, data: dict) -> None:
         out += [f"## {title}", ""] + report.scenario_table(scenario, agg, rat, labels) + [""]
         if kind in ("burst", "churn", "idle", "startup"):
             out += _writes_breakdown(data["raw"], scenario, labels) + [""]
+    if data.get("floor"):
+        out += ["## Floor: the same objects made by the bench itself, no operator", "",
+                "The bench creates each My, then at once its Deployment and Service (rendered "
+                "by controller.py, create-only applies, "
+                f"{meta['settings']['load_threads']} threads); the clock stops when "
+                "kube-controller-manager has seen every Deployment -- the earliest any "
+                "operator could write the statuses.", "",
+                "| N | converged (s) | creates (s) | control plane CPU (s) |", "|---|---|---|---|"]
+        for scenario, figs in data["floor"].items():
+            cells = [f"{figs[k]['median']:.1f} ({figs[k]['min']:.1f}–{figs[k]['max']:.1f})"
+                     if figs.get(k) else "–" for k in
+                     ("converge_seconds", "creates_seconds", "control_plane_cpu_seconds")]
+            out.append(f"| {scenario.split('_')[1]} | " + " | ".join(cells) + " |")
+        out.append("")
     if data.get("footprint"):
         out += ["## Install footprint (clean virtualenv, pip/setuptools/wheel not counted)", "",
                 "| contender | installed | site-packages (MiB) | distributions |",
@@ -416,6 +441,17 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
             "makes more than how fast it makes them. On a real cluster the control plane "
             "has its own machines, and the operator's own CPU cost (the CPU column) is what "
             "is left to compare.")
+    floor = ((data.get("floor") or {}).get(burst) or {}).get("converge_seconds")
+    conv_kopf = med("kopf", burst, "converge_seconds")
+    if floor and conv and conv_kopf:
+        out.append(
+            f"- The floor: with no operator at all, the bench creating each My's Deployment "
+            f"and Service itself, kube-controller-manager had seen all {size} Deployments "
+            f"after {floor['median']:.0f} s (median of {len(floor['runs'])}). No operator "
+            "can report the statuses sooner, so on this machine the best possible ratio to "
+            f"kopf is {conv_kopf / floor['median']:.2f}x; {labels.get(HEADLINE, HEADLINE)} "
+            f"reaches {conv_kopf / conv:.2f}x, {conv - floor['median']:.0f} s above the floor "
+            f"where kopf is {conv_kopf - floor['median']:.0f} s above it.")
     sweep = [(op, med(op, burst, "converge_seconds")) for op in agg if op.startswith("ours-w")]
     sweep = sorted(((int(op[6:]), t) for op, t in sweep if t), key=lambda x: x[0])
     if len(sweep) > 1:
@@ -434,10 +470,11 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
     event_share = events / first["writes"] if first.get("writes") else 0.0
     if w_ours and w_kopf:
         out.append(
-            f"- Requests per object: ours {w_ours:.1f} writes (apply Deployment, apply Service, "
-            "a status patch or two as the Deployment's status fills in, two Events) plus "
-            f"{(r_ours or 0) / size:.1f} reads (a GET of each child missing from the cache, "
-            "which guards against adopting a foreign object of the same name); kopf "
+            f"- Requests per object: ours {w_ours:.1f} writes (a create-only apply of the "
+            "Deployment and of the Service, one status patch once the Deployment controller "
+            "has seen the Deployment, one Event for both children) plus "
+            f"{(r_ours or 0) / size:.1f} reads (a GET only when a create-only apply finds the "
+            "name taken, to tell our own object from a foreign one); kopf "
             f"{w_kopf:.1f} writes (create Deployment and Service, its progress annotation on "
             "the My, two Events, and a status patch for each state the Deployment passes "
             "through, as it has no work queue to coalesce them). Events are "
@@ -483,6 +520,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: --sizes 20 --runs 1 --idle-seconds 5 --latency-count "
                              "10, no profile, no footprint")
+    parser.add_argument("--floor-runs", type=int, default=1,
+                        help="runs of the no-operator floor at the largest size (default: "
+                             "%(default)s; 0 skips it)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     parser.add_argument("--no-footprint", action="store_true",
                         help="skip the install footprint (it builds three venvs)")
@@ -501,7 +541,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.runs, args.idle_seconds, args.latency_count = "20", 1, 5.0, 10
-        args.sweep_runs = 1
+        args.sweep_runs, args.floor_runs = 1, 0
         args.no_profile = args.no_footprint = True
     args.sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     args.operators = [o.strip() for o in args.operators.split(",") if o.strip()]
@@ -559,6 +599,12 @@ def main(argv: list[str] | None = None) -> int:
         if HEADLINE in raw and "kopf" in raw:
             data["goals"] = report.goals(data["operators"], data["ratios_to_kopf"],
                                          op=HEADLINE, size=largest)
+        if args.floor_runs:
+            floors = []
+            for run in range(1, args.floor_runs + 1):
+                log(f"floor {run}/{args.floor_runs}: {largest} objects made by the bench")
+                floors.append(bench.run_floor(largest, run))
+            data["floor"] = report.aggregate({"floor": {f"burst_{largest}": floors}})["floor"]
         if not args.no_profile and any(o.startswith("ours") for o in args.operators):
             prof = work_dir / "controller.prof"
             log(f"profile: {HEADLINE}, burst of {largest}, under cProfile")

@@ -170,6 +170,39 @@ def burst(cluster: BenchCluster, observer: Observer, op: OperatorProcess, namesp
     }
 
 
+def floor(cluster: BenchCluster, observer: Observer, namespace: str, count: int,
+          settings: Settings) -> dict:
+    """No operator: the bench itself creates each My and, at once, the Deployment and
+    Service our controller would make (its own render functions, create-only applies,
+    load_threads at a time). The time until kube-controller-manager has seen every
+    Deployment is the earliest any operator could report the Mys' status on this
+    machine: what no operator can go below, and what bounds the ratio to kopf."""
+    from controller import render_deployment, render_service   # the bench runs from ROOT
+    from k8s_http.objects import DEPLOYMENTS, SERVICES
+
+    todo = names("my", count)
+    tracker = observer.track([("deployment", n) for n in todo],
+                             lambda kind, obj: kind == "deployment" and kcm_done(obj))
+
+    def make(name: str) -> None:
+        my = cluster.client.create(MY, my_object(name, "v0", settings.replicas),
+                                   namespace=namespace)
+        for resource, render in ((DEPLOYMENTS, render_deployment), (SERVICES, render_service)):
+            cluster.client.apply(resource, render(my), field_manager="bench-floor", force=True,
+                                 namespace=namespace, create_only=True)
+
+    plane0 = cluster.control_plane_cpu()
+    t0 = time.monotonic()
+    creates = _parallel(settings.load_threads, make, todo)
+    if not tracker.wait(settings.converge_timeout_seconds):
+        raise TimeoutError(f"floor {count}: {len(tracker.pending)} Deployments not seen by "
+                           "kube-controller-manager in time")
+    observer.untrack(tracker)
+    return {"converge_seconds": tracker.last() - t0, "creates_seconds": creates,
+            "objects_per_second": count / (tracker.last() - t0),
+            "control_plane_cpu_seconds": cluster.control_plane_cpu() - plane0}
+
+
 def idle(cluster: BenchCluster, op: OperatorProcess, settings: Settings) -> dict:
     """Nothing changes for idle_seconds: what does the operator write, and burn?"""
     mark, cpu0, plane0 = cluster.counter.mark(), op.cpu_seconds(), cluster.control_plane_cpu()
