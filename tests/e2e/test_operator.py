@@ -254,7 +254,9 @@ def test_sample_gets_its_deployment_and_service(operator, installed, api):
         scale = kubectl(installed, "get", "--raw",
                         "/apis/mine.jp/v1/namespaces/default/my/foobar/scale").stdout
         assert '"selector":"app.kubernetes.io/instance=foobar,app.kubernetes.io/name=my"' in scale
-        events = events_for(api, "foobar", "default")
+        # this My's events only: on an attached `make cluster`, an earlier foobar's remain
+        events = [e for e in events_for(api, "foobar", "default")
+                  if e["involvedObject"].get("uid") == uid]
         assert [(e["reason"], e["message"]) for e in events] == [
             ("Created", "Created Deployment foobar and Service foobar")]
     finally:

@@ -92,7 +92,9 @@ KCM_CONTROLLERS = (
     "serviceaccount-controller",
 )
 
-SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+# A /16: room for 65,534 Services, so a 1000-object burst (bench, demo, an
+# attached `make cluster`) never runs out of ClusterIPs as a /24's 254 would.
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/16"
 # The first address of the range is the `kubernetes` Service's ClusterIP; the
 # serving cert carries it so in-cluster-style clients would verify too.
 KUBERNETES_SERVICE_IP = "10.0.0.1"
