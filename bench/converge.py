@@ -344,7 +344,7 @@ def write_markdown(path: Path, data: dict) -> None:
             "- Requests: the apiserver's audit log, one line per request made with the admin "
             "credentials (which the operators use) and not by the bench's client. "
             "kube-controller-manager is not counted. Writes = create, update, patch, delete; "
-            "a failed write (e.g. kopf's create answered 409 on resume) counts.",
+            "a failed write (e.g. a create answered 409) counts.",
             "- CPU seconds: utime + stime of the operator process over the phase, "
             "including the settling writes that follow convergence (status updates as "
             "kube-controller-manager fills in the Deployments' status). Peak RSS: VmHWM.",
@@ -494,7 +494,7 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
             f"{(r_ours or 0) / size:.1f} reads (a GET only when a create-only apply finds the "
             "name taken, to tell our own object from a foreign one); kopf "
             f"{w_kopf:.1f} writes (create Deployment and Service, its progress annotation on "
-            "the My, two Events, and a status patch for each state the Deployment passes "
+            "the My, one Event, and a status patch for each state the Deployment passes "
             "through, as it has no work queue to coalesce them). Events are "
             f"{100 * event_share:.0f}% of our writes.")
     if data.get("profile"):

@@ -9,9 +9,11 @@ Written the way kopf's documentation shows it (walkthrough "Creating the
 objects" / "Updating the objects", "Hierarchies", "Indexing", "Events"):
 
 * ``@kopf.on.create`` / ``on.update`` / ``on.resume`` handlers that build the
-  children as dicts, ``kopf.adopt()`` them, and create them with the official
-  ``kubernetes`` client (patching when they already exist), and post Events
-  like ours ("Created" per child, "Updated") with ``kopf.info()``;
+  children as dicts, ``kopf.adopt()`` them, and write them with the official
+  ``kubernetes`` client -- created in ``on.create``, patched in ``on.update``
+  and ``on.resume``, as the walkthrough does, each falling back to the other
+  when the object is not (or already) there -- and post the Events ours posts
+  ("Created" once for both children, "Updated") with ``kopf.info()``;
 * the status, level-based: ``@kopf.index`` keeps every My's status and every
   Deployment's counts; ``@kopf.on.event`` on either recomputes the My's status
   and patches it only when it differs from what it last wrote (or, before
@@ -97,14 +99,24 @@ def _service(name: str, spec: dict) -> dict:
     }
 
 
-def _create_or_patch(create, patch, namespace: str, body: dict) -> tuple[dict, bool]:
-    """(the object as the server returned it, whether it was created)."""
+def _put_child(create, patch, namespace: str, body: dict, *, exists: bool) -> tuple[dict, bool]:
+    """(the object as the server returned it, whether it was created). Tries first what
+    should work -- patch when the child `exists` (update, resume), else create -- and
+    falls back to the other on 404 / 409, so no request is wasted in the common case."""
+    name = body["metadata"]["name"]
+    if exists:
+        try:
+            return patch(name=name, namespace=namespace, body=body).to_dict(), False
+        except kubernetes.client.ApiException as err:
+            if err.status != 404:
+                raise
+        return create(namespace=namespace, body=body).to_dict(), True
     try:
         return create(namespace=namespace, body=body).to_dict(), True
     except kubernetes.client.ApiException as err:
         if err.status != 409:
             raise
-    return patch(name=body["metadata"]["name"], namespace=namespace, body=body).to_dict(), False
+    return patch(name=name, namespace=namespace, body=body).to_dict(), False
 
 
 # ---------------------------------------------------------------- status helpers
@@ -171,13 +183,17 @@ def ensure_children(name, namespace, spec, body, reason, logger, **_):
 
     apps = kubernetes.client.AppsV1Api(_api)
     core = kubernetes.client.CoreV1Api(_api)
-    _, created = _create_or_patch(apps.create_namespaced_deployment,
-                                  apps.patch_namespaced_deployment, namespace, deployment)
-    _, service_created = _create_or_patch(core.create_namespaced_service,
-                                          core.patch_namespaced_service, namespace, service)
-    for kind, new in (("Deployment", created), ("Service", service_created)):
-        if new:
-            kopf.info(body, reason="Created", message=f"Created {kind} {name}")
+    exists = reason != "create"                # update, resume: the children should be there
+    _, created = _put_child(apps.create_namespaced_deployment,
+                            apps.patch_namespaced_deployment, namespace, deployment,
+                            exists=exists)
+    _, service_created = _put_child(core.create_namespaced_service,
+                                    core.patch_namespaced_service, namespace, service,
+                                    exists=exists)
+    made = [f"{kind} {name}" for kind, new in (("Deployment", created),
+                                               ("Service", service_created)) if new]
+    if made:                                   # one Event for both, as ours posts
+        kopf.info(body, reason="Created", message="Created " + " and ".join(made))
     if reason == "update":                     # a spec change: one Event, as ours posts
         kopf.info(body, reason="Updated", message=f"Updated the children of {name}")
     logger.info(f"Deployment and Service {name} are in place")
