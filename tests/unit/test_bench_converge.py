@@ -1,4 +1,5 @@
-"""bench/converge.py's pure parts: request counting, aggregation, goals, profile buckets.
+"""bench/converge.py's and bench/watch_decode.py's pure parts: request counting, aggregation,
+goals, profile buckets, the generated watch-decoding section.
 
 The benchmark itself needs the control plane and kopf's venv (`make bench`);
 these tests only pin the arithmetic its report rests on.
@@ -90,3 +91,26 @@ def test_env_value_reads_the_app_container():
         {"name": "app", "env": [{"name": "OTHER", "value": "1"}, {"name": "FOO", "value": "v2"}]}
     ]}}}}
     assert env_value(deployment) == "v2"
+
+
+def test_the_watch_decode_section_takes_every_ratio_from_its_report():
+    import watch_decode
+
+    def mode(name, cpu_us):
+        return {"mode": name, "label": name, "runs": 3, "events_per_second_best": 1e6 / cpu_us,
+                "events_per_second_median": 1e6 / cpu_us,
+                "cpu_seconds_per_event_best": cpu_us / 1e6,
+                "cpu_seconds_per_event_median": cpu_us / 1e6}
+    report_ = {"date": "2026-11-30T00:00:00Z", "command": "python bench/watch_decode.py",
+               "elapsed_seconds": 50.0, "events": 1000, "official_events": 200,
+               "payload_bytes": 2_000_000, "mean_event_bytes": 2000,
+               "machine": {"cpus": 2, "loadavg_1m": 0.5},
+               "versions": {"python": "3.11.7", "implementation": "CPython",
+                            "peers": {"kubernetes": "37.0.2", "urllib3": "2.8.0"}},
+               "results": [mode("client", 20.0), mode("raw", 18.0), mode("httpclient", 22.0),
+                           mode("decoder", 17.0), mode("official", 200.0),
+                           mode("official_raw", 25.0), mode("ceiling", 16.0)]}
+    text = watch_decode.section(report_)
+    assert "0.80 end to end" in text and "0.94 of the bare" in text       # 16/20, 16/17
+    assert "10.0x less CPU per event" in text and "1.25x against" in text   # 200/20, 25/20
+    assert "18.0 vs 22.0 CPU µs/event" in text and "2026-11-30T00:00:00Z" in text
