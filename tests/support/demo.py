@@ -11,7 +11,7 @@ and leaves it as it found it apart from the CRD and the sample.
 
     python -m tests.support.demo [--kubeconfig PATH] [--namespace NS] [--once]
 
-`--once` exits after showing the converged state (used by the tests).
+`--once` exits after showing the converged state (tests/e2e/test_demo.py runs it so).
 """
 
 from __future__ import annotations
