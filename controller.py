@@ -795,7 +795,7 @@ class MyReconciler:
         return Result(requeue_after_seconds=CONFLICT_RECHECK_SECONDS)
 
     def _our_cached_deployment(self, key: ObjectKey, my: dict) -> dict | None:
-        cached = self._memo.fresher(DEPLOYMENTS.plural, key, self.mgr.store(DEPLOYMENTS).get(key))
+        cached = self._cached_child(DEPLOYMENTS, key)
         return cached if cached is not None and is_controlled_by(cached, my) else None
 
     # -- writing --------------------------------------------------------

@@ -480,7 +480,6 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
     sweep = [(op, med(op, burst, "converge_seconds")) for op in agg if op.startswith("ours-w")]
     sweep = sorted(((int(op[6:]), t) for op, t in sweep if t), key=lambda x: x[0])
     if len(sweep) > 1:
-        spread = (agg.get(HEADLINE) or {}).get(burst, {}).get("converge_seconds") or {}
         out.append(
             "- Workers: " + ", ".join(f"{w} -> {t:.0f} s" for w, t in sweep) +
             f" for {size} objects" + (f" (4 workers ranged {spread['min']:.0f}–"

@@ -103,6 +103,16 @@ def make_my(name: str, namespace: str, **spec) -> dict:
             "spec": {"image": "nginx:1.27", "replicas": 0, "port": 8080, **spec}}
 
 
+def close_fleet_and_delete_lease(fleet, api, lease: str) -> None:
+    """End a test's operators, then delete their Lease in SYSTEM_NS -- in that order,
+    or a survivor would recreate it."""
+    fleet.close()
+    try:
+        api.delete(LEASES, lease, namespace=SYSTEM_NS)
+    except NotFoundError:
+        pass
+
+
 def is_available(api, name: str, namespace: str, generation: int | None = None) -> bool:
     """The My's Ready condition says Available (for `generation`, if given)."""
     try:

@@ -22,9 +22,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from k8s_http.errors import NotFoundError
-from k8s_http.objects import LEASES, SERVICEACCOUNTS, Resource
-from tests.e2e.operator_process import (SA, SYSTEM_NS, http_get, install_manifests,
-                                        kubeconfig_token)
+from k8s_http.objects import SERVICEACCOUNTS, Resource
+from tests.e2e.operator_process import (SA, SYSTEM_NS, close_fleet_and_delete_lease, http_get,
+                                        install_manifests, kubeconfig_token)
 from tests.support.certs import test_pki
 from tests.support.wait import eventually
 
@@ -117,8 +117,4 @@ def test_metrics_need_a_token_allowed_to_get_metrics(control_plane, api, namespa
         for op in ops:
             op.expect_clean_exit(timeout=30)
     finally:
-        fleet.close()           # before the Lease goes, or a survivor would recreate it
-        try:
-            api.delete(LEASES, lease, namespace=SYSTEM_NS)
-        except NotFoundError:
-            pass
+        close_fleet_and_delete_lease(fleet, api, lease)

@@ -30,6 +30,7 @@ import yaml
 from k8s_http.errors import ForbiddenError, InvalidError, NotFoundError
 from k8s_http.objects import (DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SERVICEACCOUNTS, SERVICES,
                               Resource, get_condition)
+from tests.e2e.operator_process import delete_mys_and_wait
 from tests.support.wait import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -157,14 +158,7 @@ def namespace(api, namespace):
     handled (no retry), but it would muddy this module's count of writes and 403s.
     """
     yield namespace
-    for my in api.list(MY, namespace=namespace)["items"]:
-        try:
-            api.delete(MY, my["metadata"]["name"], namespace=namespace)
-        except NotFoundError:
-            pass
-    eventually(lambda: not api.list(DEPLOYMENTS, namespace=namespace,
-                                    label_selector="app.kubernetes.io/managed-by=my-controller")[
-        "items"], timeout=60, interval=0.2, message="children not collected")
+    delete_mys_and_wait(api, namespace)
 
 
 def make_my(name: str, namespace: str, **spec) -> dict:

@@ -17,11 +17,9 @@ import signal
 
 import pytest
 
-from k8s_http.errors import NotFoundError
-from k8s_http.objects import LEASES
-from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, delete_mys_and_wait,
-                                        install_manifests, is_available, kubeconfig_token,
-                                        make_my)
+from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, close_fleet_and_delete_lease,
+                                        delete_mys_and_wait, install_manifests, is_available,
+                                        kubeconfig_token, make_my)
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,11 +53,7 @@ def test_the_token_is_in_no_line_of_a_debug_run(control_plane, api, namespace, f
         op.signal(signal.SIGTERM)
         op.expect_clean_exit(timeout=30)
     finally:
-        fleet.close()           # before the Lease goes, or a survivor would recreate it
-        try:
-            api.delete(LEASES, lease, namespace=SYSTEM_NS)
-        except NotFoundError:
-            pass
+        close_fleet_and_delete_lease(fleet, api, lease)
 
     output = op.log()
     # The run did log its requests at debug level: there was something to leak.
