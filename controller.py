@@ -582,58 +582,6 @@ def _ready_summary(status: dict | None) -> tuple | None:
 # 6. The reconcile (Events go through k8s_http's EventRecorder)
 
 
-class _Memo:
-    """What we last wrote, for the moment before the cache has seen it.
-
-    After a write, the informer's copy is stale until the watch event arrives.
-    A reconcile in that window (triggered, say, by the Deployment controller's
-    status update) would compare against the old object, write again and
-    report an event again. So we keep the server's answer to our last write,
-    with every resourceVersion we know to be older than it: the one the cache
-    showed before our first write, and those of our own earlier answers. While
-    the cache shows one of those, the answer is the fresher truth; once it
-    shows any other version (ours or someone's later one) the memo is dropped.
-    Only equality of resourceVersions is used: they are opaque strings.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        # (what, key) -> (resourceVersions older than `written`, written)
-        self._entries: dict[tuple[str, ObjectKey], tuple[frozenset, dict]] = {}
-
-    def remember(self, what: str, key: ObjectKey, base: dict | None, written: dict) -> None:
-        """`base`: the object our write was computed from (cache, GET or an earlier memo)."""
-        with self._lock:
-            stale = {_rv(base)}
-            entry = self._entries.get((what, key))
-            if entry is not None and _rv(base) == _rv(entry[1]):
-                stale |= entry[0]          # wrote on top of our own previous answer
-            stale.discard(_rv(written))
-            self._entries[(what, key)] = (frozenset(stale), written)
-
-    def fresher(self, what: str, key: ObjectKey, cached: dict | None) -> dict | None:
-        if cached is None:
-            # Missing from the cache: the caller asks the server (see _child);
-            # a memo cannot tell "not seen yet" from "deleted since".
-            with self._lock:
-                self._entries.pop((what, key), None)
-            return None
-        with self._lock:
-            entry = self._entries.get((what, key))
-            if entry is None:
-                return cached
-            stale, written = entry
-            if _rv(cached) in stale:
-                return written
-            del self._entries[(what, key)]
-            return cached
-
-    def forget(self, key: ObjectKey) -> None:
-        with self._lock:
-            for entry in [e for e in self._entries if e[1] == key]:
-                del self._entries[entry]
-
-
 def _namespace_terminating(err: ApiError) -> bool:
     """The apiserver's typed cause for "namespace is being terminated" (client-go's
     `HasStatusCause(err, NamespaceTerminatingCause)`): a cause, not message text."""
@@ -656,7 +604,6 @@ class MyReconciler:
         self.mgr = mgr
         self.recorder = recorder or EventRecorder(mgr.client, component=NAME)
         self._now = now
-        self._memo = _Memo()
 
     @property
     def client(self):
@@ -665,13 +612,12 @@ class MyReconciler:
     def __call__(self, key: ObjectKey) -> Result | None:
         # Stores are looked up per call: the Manager creates them in add_controller(),
         # after this object exists.
-        cached = self.mgr.store(MY).get(key)
-        if cached is None:
+        # The store answers with our own last write until its watch brings it.
+        my = self.mgr.store(MY).get(key)
+        if my is None:
             # Gone: the garbage collector deletes the children (ownerReferences).
-            self._memo.forget(key)
             self.recorder.forget(key)
             return None
-        my = self._memo.fresher("my", key, cached)
         if _meta(my).get("deletionTimestamp"):
             # Being deleted (maybe in the foreground, children first): do not recreate them.
             return None
@@ -740,7 +686,7 @@ class MyReconciler:
         else's unlabelled object of that name, or ours with the label removed.
         `_ensure_child` tells them apart with a create-only apply.
         """
-        return self._memo.fresher(resource.plural, key, self.mgr.store(resource).get(key))
+        return self.mgr.store(resource).get(key)
 
     def _ensure_child(self, key: ObjectKey, my: dict, resource: Resource, desired: dict,
                       live: dict | None, changes: list) -> dict | Result | None:
@@ -769,7 +715,7 @@ class MyReconciler:
                 applied = self._apply(resource, desired, key)
         else:
             applied = self._apply(resource, desired, key)
-        self._memo.remember(resource.plural, key, live, applied)
+        self.mgr.store(resource).record_write(applied, base=live)
         if live is None:
             changes.append(("Created", resource))
         elif _rv(applied) != _rv(live):
@@ -824,7 +770,7 @@ class MyReconciler:
             return  # deleted meanwhile: nothing to report on
         summary = _ready_summary(new) or ()
         log.info("status of %s: Ready=%s %s", key, *summary[:2])
-        self._memo.remember("my", key, my, written)
+        self.mgr.store(MY).record_write(written, base=my)
         # Warning events follow the condition, not each write: an InvalidSpec or
         # Conflict is reported once when it appears, not at every replica change.
         if condition is not None and condition[0] in (INVALID_SPEC, CONFLICT) \

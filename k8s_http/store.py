@@ -8,6 +8,13 @@ is simpler than finer-grained schemes and not slower in practice.
 Stored objects are shared with every reader: callers must not mutate them
 (deepcopy before editing). In exchange the Store takes ownership of the objects
 it is given: the transform may modify them in place.
+
+Read-your-writes: after a controller writes an object, the watch brings the
+change a moment later, and a reconcile in between would act on the old copy
+(write again, or create-only a child it has just made and be refused).
+`record_write` keeps the server's answer until the store *observes* the key
+again, and `get` returns it meanwhile. Only the store knows exactly when it
+observes a key, which is why this lives here and not in a controller.
 """
 
 from __future__ import annotations
@@ -23,6 +30,12 @@ __all__ = ["Store", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_own
 # It must be a pure function of the object: the Store recomputes it to un-file an
 # old object instead of remembering what it returned.
 Indexer = Callable[[dict], Iterable[str]]
+
+
+def _rv(obj: dict | None) -> str | None:
+    meta = (obj or {}).get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return rv if isinstance(rv, str) else None
 
 
 def index_namespace(obj: dict) -> list[str]:
@@ -59,12 +72,20 @@ class Store:
         # and value in _indexers[name](_objects[key]). Empty value sets are removed.
         self._objects: dict[ObjectKey, dict] = {}
         self._indices: dict[str, dict[str, set[ObjectKey]]] = {n: {} for n in self._indexers}
+        # Our own writes the watch has not brought yet: key -> (stale, written).
+        # Invariant: key in _written => since `written` was recorded, the store
+        # has observed the key only with resourceVersions in `stale` (versions
+        # known to be older than `written`). Any other observation, a delete or a
+        # relist drops the entry: from then on the watch speaks for the key.
+        self._written: dict[ObjectKey, tuple[frozenset, dict]] = {}
 
     # ---- reads ------------------------------------------------------------
 
     def get(self, key: ObjectKey) -> dict | None:
+        """The object, or our own newer write of it that the watch has not brought yet."""
         with self._lock:
-            return self._objects.get(key)
+            written = self._written.get(key)
+            return written[1] if written is not None else self._objects.get(key)
 
     def list(self) -> list[dict]:
         with self._lock:
@@ -90,6 +111,38 @@ class Store:
 
     # ---- writes -----------------------------------------------------------
 
+    def record_write(self, written: dict, *, base: dict | None = None) -> None:
+        """Remember `written`, the server's answer to our write, until the watch brings it.
+
+        `base`: the object the write was computed from (what `get` returned, or
+        a live read); its resourceVersion is known to be older than `written`'s.
+        Writing on top of an earlier unobserved write keeps that write's stale
+        versions too. Only equality of resourceVersions is used: they are opaque.
+        """
+        written = self._transform(written)
+        key = key_of(written)
+        base_rv = _rv(base)
+        with self._lock:
+            cached = self._objects.get(key)
+            if cached is not None and _rv(cached) == _rv(written) and key not in self._written:
+                return       # the watch was quicker than the answer: nothing to bridge
+            stale = {base_rv} if base_rv is not None else set()
+            previous = self._written.get(key)
+            if previous is not None and base_rv == _rv(previous[1]):
+                stale |= previous[0]
+            stale.discard(_rv(written))
+            self._written[key] = (frozenset(stale), written)
+
+    def forget_write(self, key: ObjectKey) -> None:
+        """Drop an unobserved write of `key` (its owner is gone, say)."""
+        with self._lock:
+            self._written.pop(key, None)
+
+    def _observe_locked(self, key: ObjectKey, rv: str | None) -> None:
+        entry = self._written.get(key)
+        if entry is not None and (rv is None or rv not in entry[0]):
+            del self._written[key]
+
     def upsert(self, obj: dict) -> dict | None:
         """Add or replace `obj` (transformed); returns the object it replaced, if any."""
         obj = self._transform(obj)
@@ -101,6 +154,7 @@ class Store:
                 self._unfile_locked(key, old)
             self._objects[key] = obj
             self._file_locked(key, values)
+            self._observe_locked(key, _rv(obj))
             return old
 
     def delete(self, obj_or_key: dict | ObjectKey) -> dict | None:
@@ -110,6 +164,7 @@ class Store:
             old = self._objects.pop(key, None)
             if old is not None:
                 self._unfile_locked(key, old)
+            self._observe_locked(key, None)
             return old
 
     def replace(self, objects: Iterable[dict], *, namespace: str | None = None) -> list[dict]:
@@ -141,6 +196,9 @@ class Store:
             self._objects.update(incoming)
             for key, values in filed.items():
                 self._file_locked(key, values)
+            for key in [k for k in self._written if namespace is None or k.namespace == namespace]:
+                incoming_obj = incoming.get(key)
+                self._observe_locked(key, _rv(incoming_obj) if incoming_obj else None)
             return vanished
 
     # ---- index bookkeeping ---------------------------------------------------

@@ -240,3 +240,57 @@ def test_indexes_match_a_model(ops):
             got = {ObjectKey(o["metadata"]["namespace"], o["metadata"]["name"])
                    for o in s.by_index("owner_uid", uid)}
             assert got == want
+
+
+# ---- read-your-writes -------------------------------------------------------
+
+def test_a_write_not_yet_observed_is_what_get_returns():
+    store = Store()
+    written = obj("a", rv="5")
+    store.record_write(written)                 # created: the watch has not brought it
+    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "5"
+    assert len(store) == 0                      # only reads bridge the gap; the cache is the watch's
+    store.upsert(obj("a", rv="5"))              # the watch catches up
+    store.upsert(obj("a", rv="7"))              # and someone else writes
+    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "7"
+
+
+def test_older_versions_do_not_hide_our_write_and_chained_writes_keep_them():
+    store = Store()
+    v1 = obj("a", rv="1")
+    store.upsert(v1)
+    store.record_write(obj("a", rv="2"), base=v1)
+    store.record_write(obj("a", rv="3"), base=store.get(ObjectKey("default", "a")))
+    store.upsert(obj("a", rv="1"))              # a late event of the version we started from
+    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "3"
+    store.upsert(obj("a", rv="2"))              # our own first write: still behind
+    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "3"
+    store.upsert(obj("a", rv="9"))              # anything else: the watch speaks again
+    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "9"
+
+
+def test_a_delete_or_a_relist_drops_an_unobserved_write():
+    # created then deleted (the garbage collector, say) before the next read:
+    # the store must not keep answering with an object that is gone.
+    store = Store()
+    store.record_write(obj("a", rv="5"))
+    store.upsert(obj("a", rv="5"))
+    store.delete(ObjectKey("default", "a"))
+    assert store.get(ObjectKey("default", "a")) is None
+    store.record_write(obj("b", rv="6"))
+    store.replace([])                           # a relist that does not have it
+    assert store.get(ObjectKey("default", "b")) is None
+    store.record_write(obj("c", rv="8", ns="other"))
+    store.replace([], namespace="default")      # another namespace's relist says nothing of it
+    assert store.get(ObjectKey("other", "c"))["metadata"]["resourceVersion"] == "8"
+    store.forget_write(ObjectKey("other", "c"))
+    assert store.get(ObjectKey("other", "c")) is None
+
+
+def test_an_answer_slower_than_the_watch_is_not_kept():
+    store = Store()
+    store.upsert(obj("a", rv="5"))
+    store.record_write(obj("a", rv="5"), base=obj("a", rv="4"))
+    store.delete(ObjectKey("default", "a"))
+    assert store.get(ObjectKey("default", "a")) is None
+    assert store._written == {}
