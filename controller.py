@@ -39,7 +39,7 @@ import re
 import sys
 import threading
 from fractions import Fraction
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from k8s_http import (
     EventRecorder,
@@ -95,6 +95,26 @@ DEFAULT_SERVICE_TYPE = "ClusterIP"
 MAX_REPLICAS = 100
 MAX_IMAGE_CHARS = 512
 MAX_ENV = 64
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
+
+# The security contexts a My may ask for: only fields that restrict what the
+# pod may do, never ones that grant (privileged, capabilities.add, host
+# namespaces, procMount, Unconfined seccomp). Whoever may create a My must not
+# get more than whoever may create a Deployment under the namespace's Pod
+# Security. The CRD schema says the same (manifests/crd.yaml); a type is bool,
+# int, str, list (of capability names), a tuple (an enum) or a nested dict.
+_PROFILE = {"type": ("RuntimeDefault", "Localhost"), "localhostProfile": str}
+POD_SECURITY_FIELDS: dict = {
+    "runAsNonRoot": bool, "runAsUser": int, "runAsGroup": int, "fsGroup": int,
+    "seccompProfile": _PROFILE, "appArmorProfile": _PROFILE,
+}
+CONTAINER_SECURITY_FIELDS: dict = {
+    "runAsNonRoot": bool, "runAsUser": int, "runAsGroup": int,
+    "seccompProfile": _PROFILE, "appArmorProfile": _PROFILE,
+    "allowPrivilegeEscalation": bool, "readOnlyRootFilesystem": bool,
+    "capabilities": {"drop": list},
+}
 
 CONDITION_READY = "Ready"
 # Ready condition reasons (SPEC §2).
@@ -103,11 +123,19 @@ PROGRESSING = "Progressing"
 INVALID_SPEC = "InvalidSpec"
 CONFLICT = "Conflict"
 APPLY_FAILED = "ApplyFailed"
+# The workload's own failures, from the Deployment's conditions: its ReplicaSet
+# cannot create pods (quota, Pod Security admission, ...), or the rollout made
+# no progress within spec.progressDeadlineSeconds.
+REPLICA_FAILURE = "ReplicaFailure"
+PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+# Reasons reported with one Warning event when they appear (not at every write).
+WARNING_REASONS = (INVALID_SPEC, CONFLICT, REPLICA_FAILURE, PROGRESS_DEADLINE_EXCEEDED)
 
 # A conflicting child that is not ours is not in our label-selected caches, so
-# nothing we watch changes when its owner deletes it. Rather than wait for the
-# 10 h resync, look again this often: one or two GETs, never a write (the
-# Conflict status is already there). Slow enough never to be a hot loop.
+# nothing we watch changes when its owner deletes it: the Manager watches that
+# one name until it is deleted (watch_for_deletion). Only when it cannot (too
+# many at once) do we look again this often: a refused create and a GET, never
+# a write (the Conflict status is already there).
 CONFLICT_RECHECK_SECONDS = 60.0
 
 # Kubernetes name rules the children impose on the My's name: a Service name
@@ -248,9 +276,59 @@ def validate_spec(spec: object) -> list[str]:
         errors.append(f"spec.serviceType: one of {', '.join(SERVICE_TYPES)} "
                       f"(got {spec['serviceType']!r})")
 
+    deadline = spec.get("progressDeadlineSeconds")
+    if deadline is not None and (not _is_int(deadline) or not 1 <= deadline <= MAX_INT32):
+        errors.append(f"spec.progressDeadlineSeconds: an integer from 1 to {MAX_INT32} "
+                      f"(got {deadline!r})")
+
     errors.extend(_validate_env(spec.get("env")))
     errors.extend(_validate_resources(spec.get("resources")))
+    errors.extend(_validate_security_context(spec.get("podSecurityContext"),
+                                             "spec.podSecurityContext", POD_SECURITY_FIELDS))
+    errors.extend(_validate_security_context(spec.get("securityContext"),
+                                             "spec.securityContext", CONTAINER_SECURITY_FIELDS))
     return errors
+
+
+def _validate_security_context(value: object, where: str, fields: dict) -> list[str]:
+    """Only the restricting fields in `fields` (see POD_SECURITY_FIELDS), with their types."""
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        return [f"{where}: must be an object"]
+    errors = []
+    for name, item in value.items():
+        kind = fields.get(name)
+        here = f"{where}.{name}"
+        if kind is None:
+            errors.append(f"{here}: not supported (allowed: {', '.join(sorted(fields))}; "
+                          "fields that grant privileges are refused)")
+        elif kind is bool and not isinstance(item, bool):
+            errors.append(f"{here}: must be true or false")
+        elif kind is int and (not _is_int(item) or not 0 <= item <= MAX_INT64):
+            errors.append(f"{here}: a non-negative integer (got {item!r})")
+        elif isinstance(kind, dict):
+            errors.extend(_validate_security_context(item, here, kind))
+            if kind is _PROFILE and isinstance(item, dict):
+                errors.extend(_validate_profile(item, here))
+        elif isinstance(kind, tuple):                     # an enum
+            if item not in kind:
+                errors.append(f"{here}: one of {', '.join(kind)} (got {item!r})")
+        elif kind is str and (not isinstance(item, str) or not item):
+            errors.append(f"{here}: a non-empty string")
+        elif kind is list and (not isinstance(item, list)
+                               or not all(isinstance(c, str) and c for c in item)):
+            errors.append(f"{here}: a list of capability names")
+    return errors
+
+
+def _validate_profile(profile: dict, where: str) -> list[str]:
+    """What the apiserver checks on the pod: a Localhost profile names its file, others do not."""
+    if "type" not in profile:
+        return [f"{where}.type: required (RuntimeDefault or Localhost)"]
+    if (profile.get("type") == "Localhost") != ("localhostProfile" in profile):
+        return [f"{where}.localhostProfile: required with type Localhost, and only with it"]
+    return []
 
 
 def _validate_env(env: object) -> list[str]:
@@ -388,6 +466,11 @@ def render_deployment(my: dict) -> dict:
             resources[section] = {k: str(v) for k, v in values.items()}
     if resources:
         container["resources"] = resources
+    if spec.get("securityContext"):
+        container["securityContext"] = copy.deepcopy(spec["securityContext"])
+    pod: dict = {"containers": [container]}
+    if spec.get("podSecurityContext"):
+        pod["securityContext"] = copy.deepcopy(spec["podSecurityContext"])
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -397,10 +480,12 @@ def render_deployment(my: dict) -> dict:
             "selector": {"matchLabels": selector_for(name)},
             "template": {
                 "metadata": {"labels": labels_for(name)},
-                "spec": {"containers": [container]},
+                "spec": pod,
             },
         },
     }
+    if spec.get("progressDeadlineSeconds") is not None:
+        deployment["spec"]["progressDeadlineSeconds"] = spec["progressDeadlineSeconds"]
     return _with_config_hash(deployment)
 
 
@@ -501,6 +586,103 @@ def needs_apply(desired: dict, live: dict | None) -> bool:
 
 
 # --------------------------------------------------------------------------
+# 4b. Fields the spec decides hold nothing of anybody else's
+
+def foreign_entries_patch(desired: dict, live: dict | None) -> dict | None:
+    """A strategic merge patch that removes what other field managers added
+    inside the fields the My's spec decides; None when there is nothing.
+
+    Server-side apply cannot do this: it merges our list entries with other
+    managers' (a foreign Service port beside ours, an env var on our
+    container) and only the manager that set a field can drop it by applying.
+    The merge may even be invalid: two unnamed Service ports are a 422, so a
+    forced apply fails for ever. The decided fields are: the Service's ports;
+    the ``app`` container's ports, env, resources and securityContext. Entries
+    are deleted by their strategic-merge key, map keys by null. Everything
+    else (annotations, extra labels, injected containers, server defaults) is
+    left alone. Service ports: ours are stated in the same patch, so the
+    Service is never without a port.
+    """
+    if live is None:
+        return None
+    if desired.get("kind") == "Service":
+        return _foreign_service_ports(desired, live)
+    return _foreign_in_app_container(desired, live)
+
+
+def _foreign_service_ports(desired: dict, live: dict) -> dict | None:
+    ours = desired["spec"]["ports"]
+    wanted = {_port_key(p) for p in ours}
+    foreign = [p for p in (live.get("spec") or {}).get("ports") or []
+               if isinstance(p, dict) and _port_key(p) not in wanted]
+    if not foreign:
+        return None
+    # Merge key of Service ports in a strategic merge patch: `port`.
+    deletes = [{"port": p.get("port"), "$patch": "delete"} for p in foreign
+               if p.get("port") not in {q["port"] for q in ours}]
+    return {"spec": {"ports": deletes + [dict(p) for p in ours]}}
+
+
+def _foreign_in_app_container(desired: dict, live: dict) -> dict | None:
+    want = desired["spec"]["template"]["spec"]["containers"][0]
+    pod = ((live.get("spec") or {}).get("template") or {}).get("spec") or {}
+    have = next((c for c in pod.get("containers") or []
+                 if isinstance(c, dict) and c.get("name") == want["name"]), None)
+    if have is None:
+        return None          # the apply adds our container; nothing foreign to remove
+    patch: dict = {}
+    ports = {_port_key(p) for p in want.get("ports") or []}
+    extra_ports = {p.get("containerPort") for p in have.get("ports") or []
+                   if isinstance(p, dict) and _port_key(p) not in ports}
+    if extra_ports:
+        patch["ports"] = [{"containerPort": port, "$patch": "delete"}
+                          for port in sorted(extra_ports, key=str)]
+    env = {e["name"] for e in want.get("env") or []}
+    extra_env = [e.get("name") for e in have.get("env") or []
+                 if isinstance(e, dict) and e.get("name") not in env]
+    if extra_env:
+        patch["env"] = [{"name": name, "$patch": "delete"} for name in extra_env]
+    resources = _foreign_resources(want.get("resources") or {}, have.get("resources") or {})
+    if resources:
+        patch["resources"] = resources
+    security = _foreign_keys(want.get("securityContext"), have.get("securityContext"))
+    if security is not None:
+        patch["securityContext"] = security
+    if not patch:
+        return None
+    return {"spec": {"template": {"spec": {"containers": [{"name": want["name"], **patch}]}}}}
+
+
+def _foreign_resources(want: dict, have: dict) -> dict:
+    patch = {}
+    for section in ("requests", "limits"):
+        extra = [name for name in (have.get(section) or {})
+                 if name not in (want.get(section) or {})
+                 # the apiserver defaults a missing request to its limit
+                 and not (section == "requests" and name in (want.get("limits") or {}))]
+        if extra:
+            patch[section] = {name: None for name in extra}
+    return patch
+
+
+def _foreign_keys(want: object, have: object) -> object:
+    """The keys of map `have` that `want` lacks, as nulls (nested maps recursed); None if none."""
+    if not isinstance(have, dict) or not have:
+        return None
+    if not isinstance(want, dict):
+        return None if want is not None else {key: None for key in have}
+    patch = {}
+    for key, value in have.items():
+        if key not in want:
+            patch[key] = None
+        elif isinstance(want[key], dict):
+            nested = _foreign_keys(want[key], value)
+            if nested is not None:
+                patch[key] = nested
+    return patch or None
+
+
+# --------------------------------------------------------------------------
 # 5. Status
 
 
@@ -523,7 +705,25 @@ def _readiness(spec: dict, deployment: dict | None) -> tuple[str, str, str]:
         return "False", PROGRESSING, f"{ready}/{desired} replicas ready; Deployment update pending"
     if ready >= desired and updated >= desired:
         return "True", AVAILABLE, f"{ready}/{desired} replicas ready"
+    # Not available: say why when the Deployment controller knows. Its
+    # ReplicaFailure condition carries the ReplicaSet's refusal (e.g. the Pod
+    # Security admission message); Progressing=False/ProgressDeadlineExceeded a
+    # stalled rollout. Both go away by themselves when the cause does.
+    conditions = {c.get("type"): c for c in status.get("conditions") or []
+                  if isinstance(c, dict)}
+    failure = conditions.get("ReplicaFailure") or {}
+    if failure.get("status") == "True":
+        return "False", REPLICA_FAILURE, _workload_message(ready, desired, failure)
+    progressing = conditions.get("Progressing") or {}
+    if progressing.get("status") == "False" and \
+            progressing.get("reason") == PROGRESS_DEADLINE_EXCEEDED:
+        return "False", PROGRESS_DEADLINE_EXCEEDED, _workload_message(ready, desired, progressing)
     return "False", PROGRESSING, f"{ready}/{desired} replicas ready"
+
+
+def _workload_message(ready: int, desired: int, condition: dict) -> str:
+    detail = condition.get("message") or condition.get("reason") or "no message"
+    return f"{ready}/{desired} replicas ready: {detail}"
 
 
 def _is_rollout_pending(deployment: dict | None) -> bool:
@@ -589,6 +789,11 @@ def _namespace_terminating(err: ApiError) -> bool:
                for c in err.details.get("causes") or [])
 
 
+class _Blocked(NamedTuple):
+    """A child we may not write (a name taken by someone else): stop the reconcile."""
+    result: Result | None
+
+
 class MyReconciler:
     """reconcile(key) for `My` objects; `mgr` gives the caches and the client.
 
@@ -604,6 +809,9 @@ class MyReconciler:
         self.mgr = mgr
         self.recorder = recorder or EventRecorder(mgr.client, component=NAME)
         self._now = now
+        # (child plural, key) -> the foreign-entries patch a webhook undid (see
+        # _remove_foreign_entries); dropped when the My goes.
+        self._futile_patches: dict[tuple[str, ObjectKey], str] = {}
 
     @property
     def client(self):
@@ -617,6 +825,9 @@ class MyReconciler:
         if my is None:
             # Gone: the garbage collector deletes the children (ownerReferences).
             self.recorder.forget(key)
+            self.mgr.cancel_deletion_watches(key)
+            for resource, _ in self.CHILDREN:
+                self._futile_patches.pop((resource.plural, key), None)
             return None
         if _meta(my).get("deletionTimestamp"):
             # Being deleted (maybe in the foreground, children first): do not recreate them.
@@ -638,13 +849,17 @@ class MyReconciler:
             if live is not None and not is_controlled_by(live, my):
                 return self._conflict(key, my, resource, live)
 
+        if any(live is None for live in lives.values()) and self._has_acted_on(my) \
+                and not self._still_exists(key, my):
+            return None
+
         changes: list[tuple[str, Resource]] = []      # ("Created" | "Updated", kind)
         try:
             for resource, render in self.CHILDREN:
                 live = self._ensure_child(key, my, resource, render(my), lives[resource],
                                           changes)
-                if isinstance(live, Result):
-                    return live
+                if isinstance(live, _Blocked):
+                    return live.result
                 lives[resource] = live
         except ApiError as err:
             if _namespace_terminating(err):
@@ -678,6 +893,30 @@ class MyReconciler:
 
     # -- children -------------------------------------------------------
 
+    @staticmethod
+    def _has_acted_on(my: dict) -> bool:
+        """We reconciled this My before (its status says so): a missing child vanished."""
+        return (my.get("status") or {}).get("observedGeneration") is not None
+
+    def _still_exists(self, key: ObjectKey, my: dict) -> bool:
+        """A live read before re-creating a child that vanished.
+
+        The garbage collector deletes the children of a deleted My. If our My
+        cache is stale (its watch down, say), the cached My is a ghost, and
+        re-creating its children would fight the collector in a loop (create,
+        collect, DELETED event, create...). One GET per repair settles it: the
+        My must exist with the same uid. A new My (no status yet) costs no read.
+        """
+        try:
+            live = self.client.get(MY, key.name, namespace=key.namespace)
+        except NotFoundError:
+            live = None
+        if live is not None and _meta(live).get("uid") == _meta(my).get("uid"):
+            return True
+        log.info("not re-creating the children of %s: the My is gone (uid %s), the cache "
+                 "is behind", key, _meta(my).get("uid"))
+        return False
+
     def _cached_child(self, resource: Resource, key: ObjectKey) -> dict | None:
         """The child named like the My as our cache (or our last write) shows it.
 
@@ -689,15 +928,17 @@ class MyReconciler:
         return self.mgr.store(resource).get(key)
 
     def _ensure_child(self, key: ObjectKey, my: dict, resource: Resource, desired: dict,
-                      live: dict | None, changes: list) -> dict | Result | None:
+                      live: dict | None, changes: list) -> dict | _Blocked | None:
         """Make the child say what `desired` says; returns it as the server has it
-        (or the cached copy when nothing differed), or a Result when it is not ours.
+        (or the cached copy when nothing differed), or _Blocked when it is not ours.
 
         A child missing from the cache is created with a create-only apply: one
         request when the name is free, which is every new My. Only if the name is
         taken (409) do we read the object to see whose it is, and a foreign one is
         never touched -- a plain forced apply would take it over.
         """
+        if live is not None:
+            live = self._remove_foreign_entries(key, resource, desired, live, changes)
         if not needs_apply(desired, live):
             return live
         if live is None:
@@ -707,9 +948,9 @@ class MyReconciler:
                 try:
                     live = self.client.get(resource, key.name, namespace=key.namespace)
                 except NotFoundError:
-                    return Result(requeue=True)     # deleted in between: look again soon
+                    return _Blocked(Result(requeue=True))   # deleted in between: look again soon
                 if not is_controlled_by(live, my):
-                    return self._conflict(key, my, resource, live)
+                    return _Blocked(self._conflict(key, my, resource, live))
                 if not needs_apply(desired, live):
                     return live
                 applied = self._apply(resource, desired, key)
@@ -726,6 +967,35 @@ class MyReconciler:
             log.debug("apply of %s %s changed nothing", resource.kind, key.name)
         return applied
 
+    def _remove_foreign_entries(self, key: ObjectKey, resource: Resource, desired: dict,
+                                live: dict, changes: list) -> dict:
+        """Delete other managers' entries in the fields the spec decides (one patch).
+
+        A mutating admission webhook may put them back on every write (an env
+        var injected into each container, say). Then the patch is futile and
+        repeating it would be a write per reconcile for ever: a patch that left
+        the same foreign entries behind is not sent again until what it would
+        remove changes.
+        """
+        patch = foreign_entries_patch(desired, live)
+        if patch is None:
+            self._futile_patches.pop((resource.plural, key), None)
+            return live
+        fingerprint = json.dumps(patch, sort_keys=True)
+        if self._futile_patches.get((resource.plural, key)) == fingerprint:
+            return live
+        patched = self.client.patch(resource, key.name, patch, namespace=key.namespace,
+                                    patch_type="strategic", field_manager=FIELD_MANAGER)
+        self.mgr.store(resource).record_write(patched, base=live)
+        if _rv(patched) != _rv(live):
+            changes.append(("Updated", resource))
+        if foreign_entries_patch(desired, patched) == patch:
+            log.warning("%s %s: other entries in fields the My decides came back at once "
+                        "(a mutating admission webhook?); leaving them: %s",
+                        resource.kind, key.name, fingerprint)
+            self._futile_patches[(resource.plural, key)] = fingerprint
+        return patched
+
     def _apply(self, resource: Resource, desired: dict, key: ObjectKey, *,
                create_only: bool = False) -> dict:
         return self.client.apply(resource, desired, field_manager=FIELD_MANAGER, force=True,
@@ -737,7 +1007,9 @@ class MyReconciler:
         message = (f"{resource.kind} {key.name} already exists and is not controlled "
                    f"by this My{held}; delete or rename it")
         self._write_status(key, my, None, condition=(CONFLICT, message))
-        # Its deletion may be invisible to our label-selected watch: look again later.
+        # Its deletion is invisible to our label-selected watches: watch its name.
+        if self.mgr.watch_for_deletion(resource, key, key):
+            return None
         return Result(requeue_after_seconds=CONFLICT_RECHECK_SECONDS)
 
     def _our_cached_deployment(self, key: ObjectKey, my: dict) -> dict | None:
@@ -751,7 +1023,8 @@ class MyReconciler:
         Service x"), not one per child: Events are writes too."""
         name = _meta(my).get("name")
         for verb in ("Created", "Updated"):
-            kinds = [resource.kind for done, resource in changes if done == verb]
+            kinds = list(dict.fromkeys(resource.kind for done, resource in changes
+                                       if done == verb))
             if kinds:
                 what = " and ".join(f"{kind} {name}" for kind in kinds)
                 log.info("%s %s", verb.lower(), what)
@@ -771,11 +1044,17 @@ class MyReconciler:
         summary = _ready_summary(new) or ()
         log.info("status of %s: Ready=%s %s", key, *summary[:2])
         self.mgr.store(MY).record_write(written, base=my)
-        # Warning events follow the condition, not each write: an InvalidSpec or
-        # Conflict is reported once when it appears, not at every replica change.
-        if condition is not None and condition[0] in (INVALID_SPEC, CONFLICT) \
-                and _ready_summary(old) != _ready_summary(new):
-            self.recorder.event(my, "Warning", condition[0], condition[1])
+        # Warning events follow the condition, not each write: an InvalidSpec,
+        # Conflict or workload failure is reported once when it appears, not at
+        # every replica change.
+        # A workload failure's message carries replica counts that move: only
+        # a new reason is news there.
+        old_summary, new_summary = _ready_summary(old) or (), _ready_summary(new) or ()
+        reason = new_summary[1] if len(new_summary) > 1 else None
+        if reason in WARNING_REASONS:
+            compared = 2 if reason in (REPLICA_FAILURE, PROGRESS_DEADLINE_EXCEEDED) else 3
+            if old_summary[:compared] != new_summary[:compared]:
+                self.recorder.event(my, "Warning", reason, new_summary[2])
 
 
 # --------------------------------------------------------------------------

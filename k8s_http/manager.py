@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError
+from .deletionwatch import DeletionWatches
 from .informer import Informer, own_key, owner_key
 from .leader import LeaderElector
 from .log import reconcile_context
@@ -148,6 +149,7 @@ class Manager:
 
         self._informers: dict[tuple[Resource, str | None], Informer] = {}
         self._controllers: list[_Controller] = []
+        self._deletion_watches: dict[str, DeletionWatches] = {}   # by controller name
         self._threads: list[threading.Thread] = []
         self._servers: list[ProbeServer] = []
         self._stop = threading.Event()          # set: the manager is stopping
@@ -229,6 +231,35 @@ class Manager:
                 raise KeyError(f"no single informer for {resource}; add it to a controller first")
             informer = matches[0]
         return informer.store
+
+    def watch_for_deletion(self, resource: Resource, key: ObjectKey, owner: ObjectKey, *,
+                           controller: str | None = None) -> bool:
+        """Enqueue `owner` in `controller`'s queue once the object `key` is deleted.
+
+        For an object outside every cache that blocks a reconcile (a name taken
+        by someone else): one narrow watch per name, no polling. False when it
+        cannot be watched (too many at once, or stopping): look again later.
+        """
+        ctrl = self._controller(controller)
+        watches = self._deletion_watches.get(ctrl.name)
+        if watches is None:
+            watches = self._deletion_watches.setdefault(
+                ctrl.name, DeletionWatches(self.client, ctrl.queue.add))
+        if self._stop.is_set():
+            return False
+        return watches.watch(resource, key, owner)
+
+    def cancel_deletion_watches(self, owner: ObjectKey, *, controller: str | None = None) -> None:
+        """Drop the watches `watch_for_deletion` made for `owner` (it is gone, say)."""
+        watches = self._deletion_watches.get(self._controller(controller).name)
+        if watches is not None:
+            watches.cancel(owner)
+
+    def _controller(self, name: str | None) -> _Controller:
+        matches = [c for c in self._controllers if name is None or c.name == name]
+        if len(matches) != 1:
+            raise KeyError(f"no single controller named {name!r}")
+        return matches[0]
 
     # ---- running --------------------------------------------------------
 
@@ -368,6 +399,8 @@ class Manager:
                 self._elector.release()
             except Exception:
                 log.exception("releasing the leader lease failed")
+        for watches in self._deletion_watches.values():
+            watches.stop()
         for informer in self._informers.values():
             informer.stop()
         for server in self._servers:

@@ -208,9 +208,21 @@ class FakeManager:
     def __init__(self):
         self.client = FakeApiServer()
         self.stores = {MY: Store(), DEPLOYMENTS: Store(), SERVICES: Store()}
+        self.deletion_watches: dict[tuple[str, ObjectKey], ObjectKey] = {}
+        self.deletion_watch_limit = 100
 
     def store(self, resource):
         return self.stores[resource]
+
+    def watch_for_deletion(self, resource, key, owner, controller=None):
+        if self.deletion_watch_limit <= len(self.deletion_watches):
+            return False
+        self.deletion_watches[(resource.plural, key)] = owner
+        return True
+
+    def cancel_deletion_watches(self, owner, controller=None):
+        for k in [k for k, o in self.deletion_watches.items() if o == owner]:
+            del self.deletion_watches[k]
 
     def sync(self):
         """Let the informers catch up (a relist): children only when they carry our label."""
@@ -726,8 +738,9 @@ def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
     _foreign_deployment(mgr, labelled=labelled)
     before = copy.deepcopy(mgr.client.obj(DEPLOYMENTS))
     result = reconciler(KEY)
-    # no error (no hot retry); a slow re-check because its deletion may be invisible to us
-    assert isinstance(result, Result) and result.requeue_after_seconds >= 30
+    # no error (no hot retry), no re-check: its name is watched until it is deleted
+    assert result is None
+    assert mgr.deletion_watches == {("deployments", KEY): KEY}
     assert [c for c in mgr.client.calls if c[0] in ("apply", "apply-create")] == []
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert reasons(mgr) == [("Warning", "Conflict")]
@@ -760,7 +773,7 @@ def test_a_foreign_service_is_found_by_the_refused_create(mgr, reconciler):
     mgr.client.put(SERVICES, foreign)
     before = copy.deepcopy(mgr.client.obj(SERVICES))
     result = reconciler(KEY)
-    assert isinstance(result, Result) and result.requeue_after_seconds >= 30
+    assert result is None and mgr.deletion_watches == {("services", KEY): KEY}
     assert mgr.client.obj(SERVICES) == before
     assert [c for c in mgr.client.calls if c[0] != "create"] == [
         ("apply-create", "deployments", "foobar"), ("apply-refused", "services", "foobar"),
@@ -789,6 +802,61 @@ def test_our_child_missing_from_a_lagging_cache_is_not_a_conflict(mgr, reconcile
     assert mgr.client.calls == [
         ("apply-refused", "deployments", "foobar"), ("get", "deployments", "foobar"),
         ("apply-refused", "services", "foobar"), ("get", "services", "foobar")]
+
+
+def test_a_conflict_that_cannot_be_watched_is_looked_at_again_later(mgr, reconciler):
+    mgr.deletion_watch_limit = 0
+    _foreign_deployment(mgr, labelled=False)
+    result = reconciler(KEY)
+    assert isinstance(result, Result) and result.requeue_after_seconds >= 30
+
+
+def test_a_deleted_my_drops_its_deletion_watches(mgr, reconciler):
+    _foreign_deployment(mgr, labelled=False)
+    reconciler(KEY)
+    mgr.forget(MY)
+    reconciler(KEY)
+    assert mgr.deletion_watches == {}
+
+
+def test_a_vanished_child_of_a_gone_my_is_not_recreated(mgr, reconciler):
+    """A stale My cache (its watch down) must not fight the garbage collector."""
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)                                  # converged: the My has a status
+    del mgr.client.objects[("my", KEY)]              # deleted; our My cache has not seen it
+    for resource in (DEPLOYMENTS, SERVICES):         # the collector removes the children
+        del mgr.client.objects[(resource.plural, KEY)]
+    for resource in (DEPLOYMENTS, SERVICES):
+        mgr.stores[resource].replace([])
+    mgr.client.reset()
+    for _ in range(3):                               # each DELETED event brings us back
+        assert reconciler(KEY) is None
+    assert mgr.client.writes() == []
+    assert mgr.client.calls == [("get", "my", "foobar")] * 3     # one read per repair
+
+
+def test_a_vanished_child_of_a_live_my_is_recreated_after_one_read(mgr, reconciler):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)
+    del mgr.client.objects[("services", KEY)]
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(KEY) is None
+    assert mgr.client.calls[:2] == [("get", "my", "foobar"), ("apply-create", "services", "foobar")]
+
+
+def test_a_my_recreated_under_the_same_name_is_not_the_cached_one(mgr, reconciler):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)
+    mgr.client.objects[("my", KEY)]["metadata"]["uid"] = "a-new-uid"   # deleted and made again
+    del mgr.client.objects[("deployments", KEY)]
+    mgr.stores[DEPLOYMENTS].replace([])
+    mgr.client.reset()
+    assert reconciler(KEY) is None
+    assert mgr.client.writes() == []
 
 
 def test_a_child_deleted_between_the_refused_create_and_the_read_is_retried(mgr, reconciler):
@@ -1010,3 +1078,163 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("my-controller: error: cannot listen on") and str(port) in last
     assert "--metrics-bind-address" in last and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# The workload's own failures in the status (SPEC §2)
+
+POD_SECURITY_REFUSAL = ('pods "foobar-6d4b9c-x7k2p" is forbidden: violates PodSecurity '
+                        '"restricted:latest": allowPrivilegeEscalation != false')
+
+
+def _failing(**conditions):
+    return _deployment(observedGeneration=1, replicas=0, readyReplicas=0, updatedReplicas=0,
+                       conditions=[{"type": t, **c} for t, c in conditions.items()])
+
+
+def test_replica_failure_is_the_ready_reason_with_the_deployments_message():
+    dep = _failing(ReplicaFailure={"status": "True", "reason": "FailedCreate",
+                                   "message": POD_SECURITY_REFUSAL},
+                   Progressing={"status": "True", "reason": "ReplicaSetUpdated"})
+    cond = desired_status(make_my(), dep, now="T")["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("False", "ReplicaFailure")
+    assert cond["message"] == f"0/1 replicas ready: {POD_SECURITY_REFUSAL}"
+
+
+def test_a_stalled_rollout_is_progress_deadline_exceeded():
+    dep = _failing(Progressing={"status": "False", "reason": "ProgressDeadlineExceeded",
+                                "message": 'ReplicaSet "foobar-1" has timed out progressing.'})
+    cond = desired_status(make_my(), dep, now="T")["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("False", "ProgressDeadlineExceeded")
+    assert "timed out progressing" in cond["message"]
+
+
+def test_a_failure_the_deployment_controller_has_not_reassessed_is_not_reported():
+    # a new generation: the old failure says nothing about the new spec yet
+    dep = _failing(ReplicaFailure={"status": "True", "message": "old"})
+    dep["metadata"]["generation"] = 2
+    cond = desired_status(make_my(), dep, now="T")["conditions"][0]
+    assert cond["reason"] == "Progressing"
+
+
+def test_a_workload_failure_is_one_warning_event_then_heals(mgr, reconciler):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)
+    failing = [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                "message": POD_SECURITY_REFUSAL}]
+
+    def deployment_reports(**status):
+        set_deployment_status(mgr, **status)
+        mgr.sync()
+        mgr.client.reset()
+        reconciler(KEY)
+
+    deployment_reports(replicas=0, readyReplicas=0, conditions=failing)
+    assert reasons(mgr) == [("Warning", "ReplicaFailure")]
+    assert POD_SECURITY_REFUSAL in mgr.client.events[0]["message"]
+    # a replica count change while it still fails: a status write, no new event
+    deployment_reports(replicas=1, readyReplicas=0, conditions=failing)
+    assert mgr.client.events == []
+    assert mgr.client.obj(MY)["status"]["replicas"] == 1
+    # the cause is gone (the namespace's policy relaxed, the pod made)
+    deployment_reports(replicas=1, readyReplicas=1, updatedReplicas=1)
+    cond = mgr.client.obj(MY)["status"]["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("True", "Available")
+    assert mgr.client.events == []
+
+
+# ---------------------------------------------------------------------------
+# Security contexts and the progress deadline
+
+RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_APP = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_security_contexts_and_deadline_are_passed_to_the_deployment():
+    my = make_my({"image": "a", "podSecurityContext": RESTRICTED_POD,
+                  "securityContext": RESTRICTED_APP, "progressDeadlineSeconds": 60})
+    assert validate_my(my) == []
+    dep = render_deployment(my)
+    assert dep["spec"]["progressDeadlineSeconds"] == 60
+    assert dep["spec"]["template"]["spec"]["securityContext"] == RESTRICTED_POD
+    assert dep["spec"]["template"]["spec"]["containers"][0]["securityContext"] == RESTRICTED_APP
+    plain = render_deployment(make_my())
+    assert "securityContext" not in plain["spec"]["template"]["spec"]
+    assert "progressDeadlineSeconds" not in plain["spec"]
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("securityContext", {"privileged": True}, "spec.securityContext.privileged: not supported"),
+    ("securityContext", {"capabilities": {"add": ["NET_ADMIN"]}},
+     "spec.securityContext.capabilities.add: not supported"),
+    ("podSecurityContext", {"hostNetwork": True}, "spec.podSecurityContext.hostNetwork"),
+    ("podSecurityContext", {"seccompProfile": {"type": "Unconfined"}}, "one of RuntimeDefault"),
+    ("podSecurityContext", {"seccompProfile": {"type": "Localhost"}}, "localhostProfile: required"),
+    ("podSecurityContext", {"runAsUser": -1}, "non-negative integer"),
+    ("securityContext", {"readOnlyRootFilesystem": "yes"}, "true or false"),
+    ("securityContext", "drop-all", "must be an object"),
+    ("progressDeadlineSeconds", 0, "spec.progressDeadlineSeconds"),
+])
+def test_granting_or_malformed_security_is_an_invalid_spec(field, value, problem):
+    problems = validate_spec({"image": "a", field: value})
+    assert len(problems) == 1 and problem in problems[0], problems
+
+
+# ---------------------------------------------------------------------------
+# Drift: other managers' entries in fields the spec decides
+
+def _served(resource, my=None):
+    """The child as the apiserver would keep it after our apply."""
+    render = render_deployment if resource == DEPLOYMENTS else render_service
+    return server_defaults(resource, render(my or make_my()))
+
+
+def test_nothing_foreign_is_no_patch():
+    for resource in (DEPLOYMENTS, SERVICES):
+        live = _served(resource)
+        desired = (render_deployment if resource == DEPLOYMENTS else render_service)(make_my())
+        assert controller.foreign_entries_patch(desired, live) is None
+
+
+def test_a_foreign_service_port_is_deleted_and_ours_stated_in_the_same_patch():
+    desired = render_service(make_my())
+    live = _served(SERVICES)
+    live["spec"]["ports"] = [{"port": 9999, "targetPort": 9999, "protocol": "TCP"}]
+    assert controller.foreign_entries_patch(desired, live) == {"spec": {"ports": [
+        {"port": 9999, "$patch": "delete"},
+        {"port": 5432, "targetPort": 5432, "protocol": "TCP"}]}}
+
+
+def test_foreign_entries_in_the_app_container_are_deleted_and_injected_containers_kept():
+    my = make_my({"image": "a", "port": 80, "env": [{"name": "A", "value": "1"}],
+                  "resources": {"limits": {"memory": "1Gi"}},
+                  "securityContext": {"capabilities": {"drop": ["ALL"]}}})
+    desired = render_deployment(my)
+    live = _served(DEPLOYMENTS, my)
+    pod = live["spec"]["template"]["spec"]
+    app = pod["containers"][0]
+    app["env"].append({"name": "FOREIGN", "value": "x"})
+    app["ports"].append({"containerPort": 9090, "protocol": "TCP"})
+    app["resources"]["requests"] = {"memory": "1Gi", "cpu": "1"}   # memory: defaulted from the limit
+    app["securityContext"]["capabilities"]["add"] = ["NET_ADMIN"]
+    app["securityContext"]["privileged"] = True
+    pod["containers"].append({"name": "sidecar", "image": "proxy", "env": [{"name": "S"}]})
+    patch = controller.foreign_entries_patch(desired, live)
+    assert patch == {"spec": {"template": {"spec": {"containers": [{
+        "name": "app",
+        "ports": [{"containerPort": 9090, "$patch": "delete"}],
+        "env": [{"name": "FOREIGN", "$patch": "delete"}],
+        "resources": {"requests": {"cpu": None}},
+        "securityContext": {"capabilities": {"add": None}, "privileged": None},
+    }]}}}}
+
+
+def test_a_security_context_the_spec_does_not_ask_for_is_removed():
+    desired = render_deployment(make_my())
+    live = _served(DEPLOYMENTS)
+    live["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    patch = controller.foreign_entries_patch(desired, live)
+    assert patch["spec"]["template"]["spec"]["containers"][0]["securityContext"] == \
+        {"privileged": None}

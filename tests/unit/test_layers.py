@@ -23,7 +23,8 @@ LAYERS = {
     "client": 3, "store": 3, "workqueue": 3,
     "watcher": 4, "leader": 4, "runner": 4, "events": 4, "authn": 4,
     "informer": 5, "probes": 5,
-    "manager": 6,
+    "deletionwatch": 6,
+    "manager": 7,
 }
 
 THIRD_PARTY_ALLOWED = {"yaml", "prometheus_client"}

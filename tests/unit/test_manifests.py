@@ -247,7 +247,8 @@ def test_crd_names_and_subresources():
     assert columns == {"Image": ".spec.image", "Desired": ".spec.replicas",
                        "Ready": ".status.readyReplicas",
                        "Status": '.status.conditions[?(@.type=="Ready")].reason',
-                       "Age": ".metadata.creationTimestamp"}
+                       "Age": ".metadata.creationTimestamp",
+                       "Message": '.status.conditions[?(@.type=="Ready")].message'}
 
 
 def test_crd_bounds_and_defaults_match_the_controller():
@@ -406,3 +407,17 @@ def test_alerts_are_well_formed():
         assert r["annotations"]["summary"], name
         assert re.fullmatch(r"\d+[smh]", r.get("for", "0m")), name
         assert r["expr"].count("(") == r["expr"].count(")"), name
+
+
+def test_the_schemas_security_contexts_are_the_controllers():
+    """The CRD and controller.validate_spec accept the same restricting fields."""
+    props = VERSION["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+
+    def shape(schema):
+        if schema.get("type") == "object":
+            return {k: shape(v) for k, v in schema["properties"].items()}
+        if "enum" in schema:
+            return tuple(schema["enum"])
+        return {"boolean": bool, "integer": int, "string": str, "array": list}[schema["type"]]
+    assert shape(props["podSecurityContext"]) == controller.POD_SECURITY_FIELDS
+    assert shape(props["securityContext"]) == controller.CONTAINER_SECURITY_FIELDS
