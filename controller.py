@@ -48,6 +48,7 @@ from k8s_http import (
     ApiError,
     ConfigError,
     ConflictError,
+    InvalidError,
     Manager,
     NotFoundError,
     ObjectKey,
@@ -420,6 +421,10 @@ def _owner_reference(my: dict) -> dict:
     meta = my["metadata"]
     return {"apiVersion": MY.api_version, "kind": MY.kind, "name": meta["name"],
             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _config_hash(obj: dict | None) -> str | None:
+    return (_meta(obj).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
 
 
 def _with_config_hash(obj: dict) -> dict:
@@ -937,7 +942,10 @@ class MyReconciler:
         taken (409) do we read the object to see whose it is, and a foreign one is
         never touched -- a plain forced apply would take it over.
         """
-        if live is not None:
+        if live is not None and _config_hash(live) == _config_hash(desired):
+            # Our spec is what the child was last applied with, so list entries
+            # we do not send now are someone else's: remove them first (a forced
+            # apply would merge ours with theirs, maybe into a 422).
             live = self._remove_foreign_entries(key, resource, desired, live, changes)
         if not needs_apply(desired, live):
             return live
@@ -955,7 +963,7 @@ class MyReconciler:
                     return live
                 applied = self._apply(resource, desired, key)
         else:
-            applied = self._apply(resource, desired, key)
+            applied = self._apply_over(key, resource, desired, live, changes)
         self.mgr.store(resource).record_write(applied, base=live)
         if live is None:
             changes.append(("Created", resource))
@@ -966,6 +974,25 @@ class MyReconciler:
             # is not one (a normalisation it does not model). Harmless but a write.
             log.debug("apply of %s %s changed nothing", resource.kind, key.name)
         return applied
+
+    def _apply_over(self, key: ObjectKey, resource: Resource, desired: dict, live: dict,
+                    changes: list) -> dict:
+        """Apply a changed spec over an existing child, then remove foreign entries.
+
+        Applied first, because the apply itself drops the entries of our
+        previous spec (we own them), so a port change costs one write. What
+        remains beside ours in the answer is someone else's. If the merge with
+        their entries is invalid (a 422: two unnamed Service ports), they are
+        removed first and the apply made again.
+        """
+        try:
+            applied = self._apply(resource, desired, key)
+        except InvalidError:
+            if foreign_entries_patch(desired, live) is None:
+                raise
+            live = self._remove_foreign_entries(key, resource, desired, live, changes)
+            applied = self._apply(resource, desired, key)
+        return self._remove_foreign_entries(key, resource, desired, applied, changes)
 
     def _remove_foreign_entries(self, key: ObjectKey, resource: Resource, desired: dict,
                                 live: dict, changes: list) -> dict:

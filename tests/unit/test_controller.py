@@ -114,6 +114,7 @@ class FakeApiServer:
         self.events: list[dict] = []
         self._rv = itertools.count(1000)
         self.fail_apply: Exception | None = None
+        self.on_write: list = []        # hooks(resource, obj): a mutating webhook
 
     def _next_rv(self) -> str:
         return str(next(self._rv))
@@ -171,6 +172,21 @@ class FakeApiServer:
         self.objects[key] = new
         return copy.deepcopy(new)
 
+    def patch(self, resource, name, patch, *, namespace=None, patch_type="merge",
+              field_manager=None):
+        """Just enough of a strategic merge patch: keyed lists, `$patch: delete`, nulls."""
+        assert patch_type == "strategic" and field_manager == "my-controller"
+        self.calls.append(("patch", resource.plural, name))
+        key = (resource.plural, ObjectKey(namespace, name))
+        old = self.objects[key]
+        new = _strategic_merge(copy.deepcopy(old), patch)
+        for hook in self.on_write:
+            hook(resource, new)
+        if new != old:
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self.objects[key] = new
+        return copy.deepcopy(new)
+
     def patch_status(self, resource, name, patch, *, namespace=None, patch_type="merge"):
         assert resource == MY and set(patch) == {"status"}
         self.calls.append(("patch_status", resource.plural, name))
@@ -192,7 +208,8 @@ class FakeApiServer:
 
     def writes(self):
         """Object writes (events are counted apart)."""
-        return [c for c in self.calls if c[0] in ("apply", "apply-create", "patch_status")]
+        return [c for c in self.calls if c[0] in ("apply", "apply-create", "patch_status",
+                                                  "patch")]
 
     def reset(self):
         self.calls.clear()
@@ -200,6 +217,34 @@ class FakeApiServer:
 
     def obj(self, resource, key=KEY):
         return self.objects.get((resource.plural, key))
+
+
+_MERGE_KEYS = ("name", "containerPort", "port")
+
+
+def _strategic_merge(target, patch):
+    if isinstance(patch, dict) and isinstance(target, dict):
+        for k, v in patch.items():
+            if v is None:
+                target.pop(k, None)
+            elif k in target:
+                target[k] = _strategic_merge(target[k], v)
+            else:
+                target[k] = copy.deepcopy(v)
+        return target
+    if isinstance(patch, list) and isinstance(target, list) and patch \
+            and all(isinstance(i, dict) for i in patch + target):
+        mk = next(k for k in _MERGE_KEYS if k in patch[0])
+        for item in patch:
+            at = [i for i, t in enumerate(target) if t.get(mk) == item[mk]]
+            if item.get("$patch") == "delete":
+                target[:] = [t for t in target if t.get(mk) != item[mk]]
+            elif at:
+                target[at[0]] = _strategic_merge(target[at[0]], item)
+            else:
+                target.append(copy.deepcopy(item))
+        return target
+    return copy.deepcopy(patch)
 
 
 class FakeManager:
@@ -1238,3 +1283,49 @@ def test_a_security_context_the_spec_does_not_ask_for_is_removed():
     patch = controller.foreign_entries_patch(desired, live)
     assert patch["spec"]["template"]["spec"]["containers"][0]["securityContext"] == \
         {"privileged": None}
+
+
+def _app(mgr):
+    return mgr.client.obj(DEPLOYMENTS)["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_a_foreign_env_var_is_removed_by_one_patch_and_then_nothing(mgr, reconciler):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)
+    _app(mgr)["env"] = [{"name": "FOREIGN", "value": "x"}]
+    mgr.client.obj(DEPLOYMENTS)["metadata"]["resourceVersion"] = mgr.client._next_rv()
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.writes() == [("patch", "deployments", "foobar")]
+    assert "env" not in _app(mgr) or _app(mgr)["env"] == []
+    assert reasons(mgr) == [("Normal", "Updated")]
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.writes() == []
+
+
+def test_a_webhook_that_puts_the_entry_back_is_left_alone_after_one_try(mgr, reconciler):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)
+
+    def inject(resource, obj):
+        if resource == DEPLOYMENTS:
+            app = obj["spec"]["template"]["spec"]["containers"][0]
+            if not any(e["name"] == "INJECTED" for e in app.get("env", [])):
+                app.setdefault("env", []).append({"name": "INJECTED", "value": "1"})
+    mgr.client.on_write.append(inject)
+    _app(mgr)["env"] = [{"name": "INJECTED", "value": "1"}]
+    mgr.client.obj(DEPLOYMENTS)["metadata"]["resourceVersion"] = mgr.client._next_rv()
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert mgr.client.writes() == [("patch", "deployments", "foobar")]
+    for _ in range(3):
+        mgr.sync()
+        mgr.client.reset()
+        reconciler(KEY)
+        assert mgr.client.writes() == []
