@@ -171,3 +171,16 @@ def operator_plane(api):
     from tests.e2e.conftest import _session_plane
     assert _session_plane is not None
     return _session_plane
+
+
+def test_a_burst_has_no_write_refused_by_our_own_cache_lag(operator, api, namespace):
+    """Each new My: two child creates, none refused (409) because our own cache
+    had not yet seen a child we had just made."""
+    refused_before = operator.metric("rest_client_requests_total", code="409")
+    names = [f"burst-{i}" for i in range(30)]
+    for name in names:
+        api.create(MY, make_my(name, namespace))
+    for name in names:
+        wait_reason(api, name, namespace, "Available", timeout=60)
+    time.sleep(2)
+    assert operator.metric("rest_client_requests_total", code="409") == refused_before
