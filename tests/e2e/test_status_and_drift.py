@@ -49,7 +49,7 @@ def _timed(what, fn, timeout=TIMEOUT):
 
 
 def test_a_pod_security_refusal_is_replica_failure_until_the_spec_complies(
-        operator, api, namespace):
+        operator, api, namespace, control_plane):
     _restrict(api, namespace)
     api.create(MY, make_my("refused", namespace, replicas=1))
     my = _timed("create -> Ready=ReplicaFailure",
@@ -59,18 +59,24 @@ def test_a_pod_security_refusal_is_replica_failure_until_the_spec_complies(
     eventually(lambda: len(_warnings(api, "refused", namespace, "ReplicaFailure")) == 1,
                timeout=TIMEOUT, message="one ReplicaFailure Warning event")
     # printer columns: the reason, and the message with -o wide
-    table = kubectl(operator_plane(api), "get", "my", "refused", "-n", namespace, "-o", "wide").stdout
+    table = kubectl(control_plane, "get", "my", "refused", "-n", namespace, "-o", "wide").stdout
     assert "ReplicaFailure" in table and "PodSecurity" in table, table
 
-    # a compliant spec: the ReplicaSet makes its pod, and the failure is gone
+    # A compliant spec. The old ReplicaSet keeps failing until the new one's pod
+    # is ready (a rolling update keeps it), and with no kubelet it never is: the
+    # Deployment still reports its failure, and so do we. With nothing to create
+    # (0 replicas) the failure is gone; then the compliant pod is made.
     api.patch(MY, "refused", {"spec": {"podSecurityContext": RESTRICTED_POD,
-                                       "securityContext": RESTRICTED_APP}}, namespace=namespace)
-    _timed("compliant spec -> Ready=Progressing",
-           lambda: _reason_is(api, "refused", namespace, "Progressing"),
-           timeout=60)
-    pods = api.list(PODS, namespace=namespace,
-                    label_selector="app.kubernetes.io/instance=refused")["items"]
-    assert pods, "no pod was created under the restricted policy"
+                                       "securityContext": RESTRICTED_APP, "replicas": 0}},
+              namespace=namespace)
+    _timed("cause gone (compliant, 0 replicas) -> Ready=Available",
+           lambda: _reason_is(api, "refused", namespace, "Available"), timeout=60)
+    api.patch(MY, "refused", {"spec": {"replicas": 1}}, namespace=namespace)
+    _timed("compliant, 1 replica -> Ready=Progressing",
+           lambda: _reason_is(api, "refused", namespace, "Progressing"), timeout=60)
+    pods = eventually(lambda: api.list(PODS, namespace=namespace,
+                                       label_selector="app.kubernetes.io/instance=refused")["items"],
+                      timeout=TIMEOUT, message="no pod was created under the restricted policy")
     assert pods[0]["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert len(_warnings(api, "refused", namespace, "ReplicaFailure")) == 1
 
@@ -95,13 +101,16 @@ def _service_ports(api, name, namespace):
     return api.get(SERVICES, name, namespace=namespace)["spec"]["ports"]
 
 
-def test_a_foreign_port_edit_is_undone_without_a_retry_loop(operator, api, namespace):
+def test_a_foreign_port_edit_is_undone_without_a_retry_loop(operator, api, namespace,
+                                                           control_plane):
     api.create(MY, make_my("ported", namespace))
     wait_reason(api, "ported", namespace, "Available")
     applies_before = operator.metric("rest_client_requests_total", method="PATCH")
     errors_before = operator.metric("controller_runtime_reconcile_errors_total")
-    # The issue's edit: another field manager replaces the list entry.
-    kubectl(operator_plane(api), "patch", "svc", "ported", "-n", namespace,
+    # Another field manager replaces the list entry (a JSON merge patch replaces
+    # lists whole; a strategic one would add a second unnamed port, which the
+    # apiserver refuses). A forced apply of ours would now merge both: a 422.
+    kubectl(control_plane, "patch", "svc", "ported", "-n", namespace, "--type=merge",
             "-p", '{"spec":{"ports":[{"port":9999,"targetPort":9999}]}}')
 
     def restored():
@@ -166,11 +175,6 @@ def test_a_squatters_deletion_is_noticed_at_once(operator, api, namespace):
            lambda: _reason_is(api, "squat", namespace, "Available"))
 
 
-def operator_plane(api):
-    """The control plane the session runs (for kubectl)."""
-    from tests.e2e.conftest import _session_plane
-    assert _session_plane is not None
-    return _session_plane
 
 
 def test_a_burst_has_no_write_refused_by_our_own_cache_lag(operator, api, namespace):
