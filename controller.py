@@ -961,10 +961,9 @@ class MyReconciler:
                     return _Blocked(self._conflict(key, my, resource, live))
                 if not needs_apply(desired, live):
                     return live
-                applied = self._apply(resource, desired, key)
+                applied = self._apply(resource, desired, key, base=live)
         else:
             applied = self._apply_over(key, resource, desired, live, changes)
-        self.mgr.store(resource).record_write(applied, base=live)
         if live is None:
             changes.append(("Created", resource))
         elif _rv(applied) != _rv(live):
@@ -986,12 +985,12 @@ class MyReconciler:
         removed first and the apply made again.
         """
         try:
-            applied = self._apply(resource, desired, key)
+            applied = self._apply(resource, desired, key, base=live)
         except InvalidError:
             if foreign_entries_patch(desired, live) is None:
                 raise
             live = self._remove_foreign_entries(key, resource, desired, live, changes)
-            applied = self._apply(resource, desired, key)
+            applied = self._apply(resource, desired, key, base=live)
         return self._remove_foreign_entries(key, resource, desired, applied, changes)
 
     def _remove_foreign_entries(self, key: ObjectKey, resource: Resource, desired: dict,
@@ -1011,9 +1010,9 @@ class MyReconciler:
         fingerprint = json.dumps(patch, sort_keys=True)
         if self._futile_patches.get((resource.plural, key)) == fingerprint:
             return live
-        patched = self.client.patch(resource, key.name, patch, namespace=key.namespace,
-                                    patch_type="strategic", field_manager=FIELD_MANAGER)
-        self.mgr.store(resource).record_write(patched, base=live)
+        patched = self._write(resource, live, lambda: self.client.patch(
+            resource, key.name, patch, namespace=key.namespace, patch_type="strategic",
+            field_manager=FIELD_MANAGER))
         if _rv(patched) != _rv(live):
             changes.append(("Updated", resource))
         if foreign_entries_patch(desired, patched) == patch:
@@ -1024,9 +1023,21 @@ class MyReconciler:
         return patched
 
     def _apply(self, resource: Resource, desired: dict, key: ObjectKey, *,
-               create_only: bool = False) -> dict:
-        return self.client.apply(resource, desired, field_manager=FIELD_MANAGER, force=True,
-                                 namespace=key.namespace, create_only=create_only)
+               create_only: bool = False, base: dict | None = None) -> dict:
+        return self._write(resource, base, lambda: self.client.apply(
+            resource, desired, field_manager=FIELD_MANAGER, force=True,
+            namespace=key.namespace, create_only=create_only))
+
+    def _write(self, resource: Resource, base: dict | None, send: Callable[[], dict]) -> dict:
+        """Send a write; the store answers with its result until the watch brings it."""
+        store = self.mgr.store(resource)
+        token = store.begin_write()
+        written = None
+        try:
+            written = send()
+            return written
+        finally:
+            store.end_write(token, written, base=base)
 
     def _conflict(self, key: ObjectKey, my: dict, resource: Resource, live: dict) -> Result:
         owner = controller_of(live)
@@ -1064,13 +1075,12 @@ class MyReconciler:
         if not status_changed(old, new):
             return
         try:
-            written = self.client.patch_status(MY, key.name, {"status": new},
-                                               namespace=key.namespace)
+            written = self._write(MY, my, lambda: self.client.patch_status(
+                MY, key.name, {"status": new}, namespace=key.namespace))
         except NotFoundError:
             return  # deleted meanwhile: nothing to report on
         summary = _ready_summary(new) or ()
         log.info("status of %s: Ready=%s %s", key, *summary[:2])
-        self.mgr.store(MY).record_write(written, base=my)
         # Warning events follow the condition, not each write: an InvalidSpec,
         # Conflict or workload failure is reported once when it appears, not at
         # every replica change.

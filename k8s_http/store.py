@@ -12,8 +12,8 @@ it is given: the transform may modify them in place.
 Read-your-writes: after a controller writes an object, the watch brings the
 change a moment later, and a reconcile in between would act on the old copy
 (write again, or create-only a child it has just made and be refused).
-`record_write` keeps the server's answer until the store *observes* the key
-again, and `get` returns it meanwhile. Only the store knows exactly when it
+`begin_write` / `end_write` keep the server's answer until the store
+*observes* the key again, and `get` returns it meanwhile. Only the store knows exactly when it
 observes a key, which is why this lives here and not in a controller.
 """
 
@@ -78,6 +78,14 @@ class Store:
         # known to be older than `written`). Any other observation, a delete or a
         # relist drops the entry: from then on the watch speaks for the key.
         self._written: dict[ObjectKey, tuple[frozenset, dict]] = {}
+        # Writes in flight and what was observed meanwhile: a counter of
+        # observations, the tokens (counter values when each write began, with
+        # multiplicity), and the last observation of each key made while a write
+        # was in flight, kept only as long as an older write is still in flight.
+        self._seq = 0
+        self._relisted_at = 0
+        self._inflight: dict[int, int] = {}
+        self._recent: dict[ObjectKey, int] = {}
 
     # ---- reads ------------------------------------------------------------
 
@@ -111,27 +119,51 @@ class Store:
 
     # ---- writes -----------------------------------------------------------
 
-    def record_write(self, written: dict, *, base: dict | None = None) -> None:
+    def begin_write(self) -> int:
+        """Call before sending a write; pass the token to `end_write` whatever happens."""
+        with self._lock:
+            token = self._seq
+            self._inflight[token] = self._inflight.get(token, 0) + 1
+            return token
+
+    def end_write(self, token: int, written: dict | None = None, *,
+                  base: dict | None = None) -> None:
         """Remember `written`, the server's answer to our write, until the watch brings it.
 
-        `base`: the object the write was computed from (what `get` returned, or
-        a live read); its resourceVersion is known to be older than `written`'s.
-        Writing on top of an earlier unobserved write keeps that write's stale
-        versions too. Only equality of resourceVersions is used: they are opaque.
+        `written` None: the write failed, nothing to remember. `base`: the object
+        the write was computed from (what `get` returned, or a live read); its
+        resourceVersion is known to be older than `written`'s. Writing on top of
+        an earlier unobserved write keeps that write's stale versions too.
+
+        Not remembered if the store observed the key while the write was in
+        flight: the watch may already have brought this write *and later
+        changes*, and resourceVersions cannot be ordered (they are opaque), so
+        the answer could be older than the cache. Then the cache is the truth.
         """
-        written = self._transform(written)
-        key = key_of(written)
+        key = None
+        if written is not None:
+            written = self._transform(written)
+            key = key_of(written)
         base_rv = _rv(base)
         with self._lock:
-            cached = self._objects.get(key)
-            if cached is not None and _rv(cached) == _rv(written) and key not in self._written:
-                return       # the watch was quicker than the answer: nothing to bridge
-            stale = {base_rv} if base_rv is not None else set()
-            previous = self._written.get(key)
-            if previous is not None and base_rv == _rv(previous[1]):
-                stale |= previous[0]
-            stale.discard(_rv(written))
-            self._written[key] = (frozenset(stale), written)
+            left = self._inflight.pop(token) - 1
+            if left:
+                self._inflight[token] = left
+            if key is not None and self._recent.get(key, -1) <= token \
+                    and self._relisted_at <= token:
+                stale = {base_rv} if base_rv is not None else set()
+                previous = self._written.get(key)
+                if previous is not None and base_rv == _rv(previous[1]):
+                    stale |= previous[0]
+                stale.discard(_rv(written))
+                self._written[key] = (frozenset(stale), written)
+            # Observations older than every write still in flight can no longer matter.
+            if not self._inflight:
+                self._recent.clear()
+            else:
+                oldest = min(self._inflight)
+                for k in [k for k, seq in self._recent.items() if seq <= oldest]:
+                    del self._recent[k]
 
     def forget_write(self, key: ObjectKey) -> None:
         """Drop an unobserved write of `key` (its owner is gone, say)."""
@@ -139,6 +171,9 @@ class Store:
             self._written.pop(key, None)
 
     def _observe_locked(self, key: ObjectKey, rv: str | None) -> None:
+        self._seq += 1
+        if self._inflight:
+            self._recent[key] = self._seq
         entry = self._written.get(key)
         if entry is not None and (rv is None or rv not in entry[0]):
             del self._written[key]
@@ -196,6 +231,8 @@ class Store:
             self._objects.update(incoming)
             for key, values in filed.items():
                 self._file_locked(key, values)
+            self._seq += 1
+            self._relisted_at = self._seq      # a write in flight now may be older than the list
             for key in [k for k in self._written if namespace is None or k.namespace == namespace]:
                 incoming_obj = incoming.get(key)
                 self._observe_locked(key, _rv(incoming_obj) if incoming_obj else None)

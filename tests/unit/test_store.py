@@ -244,53 +244,83 @@ def test_indexes_match_a_model(ops):
 
 # ---- read-your-writes -------------------------------------------------------
 
+def write(store, written, base=None):
+    store.end_write(store.begin_write(), written, base=base)
+
+
+def get_rv(store, name, ns="default"):
+    got = store.get(ObjectKey(ns, name))
+    return got["metadata"]["resourceVersion"] if got else None
+
+
 def test_a_write_not_yet_observed_is_what_get_returns():
     store = Store()
-    written = obj("a", rv="5")
-    store.record_write(written)                 # created: the watch has not brought it
-    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "5"
+    write(store, obj("a", rv="5"))              # created: the watch has not brought it
+    assert get_rv(store, "a") == "5"
     assert len(store) == 0                      # only reads bridge the gap; the cache is the watch's
     store.upsert(obj("a", rv="5"))              # the watch catches up
     store.upsert(obj("a", rv="7"))              # and someone else writes
-    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "7"
+    assert get_rv(store, "a") == "7"
 
 
 def test_older_versions_do_not_hide_our_write_and_chained_writes_keep_them():
     store = Store()
     v1 = obj("a", rv="1")
     store.upsert(v1)
-    store.record_write(obj("a", rv="2"), base=v1)
-    store.record_write(obj("a", rv="3"), base=store.get(ObjectKey("default", "a")))
+    write(store, obj("a", rv="2"), base=v1)
+    write(store, obj("a", rv="3"), base=store.get(ObjectKey("default", "a")))
     store.upsert(obj("a", rv="1"))              # a late event of the version we started from
-    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "3"
+    assert get_rv(store, "a") == "3"
     store.upsert(obj("a", rv="2"))              # our own first write: still behind
-    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "3"
+    assert get_rv(store, "a") == "3"
     store.upsert(obj("a", rv="9"))              # anything else: the watch speaks again
-    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "9"
+    assert get_rv(store, "a") == "9"
 
 
 def test_a_delete_or_a_relist_drops_an_unobserved_write():
     # created then deleted (the garbage collector, say) before the next read:
     # the store must not keep answering with an object that is gone.
     store = Store()
-    store.record_write(obj("a", rv="5"))
+    write(store, obj("a", rv="5"))
     store.upsert(obj("a", rv="5"))
     store.delete(ObjectKey("default", "a"))
     assert store.get(ObjectKey("default", "a")) is None
-    store.record_write(obj("b", rv="6"))
+    write(store, obj("b", rv="6"))
     store.replace([])                           # a relist that does not have it
     assert store.get(ObjectKey("default", "b")) is None
-    store.record_write(obj("c", rv="8", ns="other"))
+    write(store, obj("c", rv="8", ns="other"))
     store.replace([], namespace="default")      # another namespace's relist says nothing of it
-    assert store.get(ObjectKey("other", "c"))["metadata"]["resourceVersion"] == "8"
+    assert get_rv(store, "c", "other") == "8"
     store.forget_write(ObjectKey("other", "c"))
     assert store.get(ObjectKey("other", "c")) is None
 
 
 def test_an_answer_slower_than_the_watch_is_not_kept():
+    """The watch brought our write and a later change before our answer came back:
+    resourceVersions cannot be ordered, so the cache wins."""
     store = Store()
-    store.upsert(obj("a", rv="5"))
-    store.record_write(obj("a", rv="5"), base=obj("a", rv="4"))
-    store.delete(ObjectKey("default", "a"))
-    assert store.get(ObjectKey("default", "a")) is None
-    assert store._written == {}
+    token = store.begin_write()
+    store.upsert(obj("a", rv="5"))              # our create, through the watch
+    store.upsert(obj("a", rv="6"))              # the Deployment controller's status update
+    store.end_write(token, obj("a", rv="5"))
+    assert get_rv(store, "a") == "6"
+    token = store.begin_write()                 # created and deleted before the answer
+    store.upsert(obj("b", rv="7"))
+    store.delete(ObjectKey("default", "b"))
+    store.end_write(token, obj("b", rv="7"))
+    assert store.get(ObjectKey("default", "b")) is None
+    token = store.begin_write()                 # a relist in between speaks for everything
+    store.replace([obj("c", rv="9")])
+    store.end_write(token, obj("c", rv="8"))
+    assert get_rv(store, "c") == "9"
+
+
+def test_a_failed_write_leaves_nothing_and_bookkeeping_empties():
+    store = Store()
+    t1 = store.begin_write()
+    t2 = store.begin_write()
+    store.upsert(obj("a", rv="1"))
+    store.end_write(t1)                         # failed
+    store.end_write(t2, obj("z", rv="2"))
+    assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "1"
+    assert store._inflight == {} and store._recent == {}
