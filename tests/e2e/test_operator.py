@@ -330,8 +330,9 @@ def test_service_type_and_port_changes(operator, api, namespace):
         assert (port["port"], port["targetPort"]) == (9001, 9001), port
         return True
     eventually(switched, timeout=TIMEOUT, interval=0.1)
-    my = wait_reason(api, "svc", namespace, "Available")
-    assert my["status"]["observedGeneration"] == 2
+    # the status of generation 2 (the Available of generation 1 may still be there)
+    eventually(lambda: wait_reason(api, "svc", namespace, "Available")["status"]
+               ["observedGeneration"] == 2, timeout=TIMEOUT, interval=0.1)
     dep = api.get(DEPLOYMENTS, "svc", namespace=namespace)
     assert dep["spec"]["template"]["spec"]["containers"][0]["ports"] == [
         {"containerPort": 9001, "protocol": "TCP"}]
