@@ -7,7 +7,7 @@ CONTROLPLANE := $(PYTHON) -m tests.support.controlplane
 .PHONY: help testbin cluster cluster-down
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-zA-Z_-]+:.*## / {gsub(/\$$\$$/, "$$", $$2); printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 testbin: ## build etcd, kube-apiserver, kube-controller-manager, kubectl into ~/.cache (once)
 	@tests/support/build_testbin.sh

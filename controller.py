@@ -61,6 +61,7 @@ from k8s_http import (
     set_condition,
     setup_logging,
 )
+from k8s_http import __version__
 
 log = logging.getLogger("my_controller")
 
@@ -1013,6 +1014,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-cert-dir", metavar="PATH", default=None,
                        help="directory with tls.crt and tls.key for --metrics-secure (default: "
                             "a self-signed certificate made with openssl, for development)")
+
+    parser.add_argument("--version", action="version",
+                        version=f"{NAME} {__version__} (Python "
+                                f"{sys.version.split()[0]})",
+                        help="print the version and exit")
 
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"),

@@ -216,7 +216,7 @@ class OperatorProcess:
 
     def reconcile_records(self, since: int = 0) -> list[dict]:
         """Log lines written inside a reconcile (they carry the reconcile context)."""
-        return [r for r in self.log_records(since) if r.get("reconcile_id")]
+        return [r for r in self.log_records(since) if r.get("reconcileID")]
 
     @property
     def identity(self) -> str:
