@@ -126,7 +126,7 @@ _RESOURCE_NAME = re.compile(
     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 # Kubernetes quantities (resource.Quantity), non-negative only: the same
-# pattern is in the CRD schema (manifests/crd.yaml).
+# pattern is in the CRD schema (manifests/base/crd.yaml).
 _QUANTITY = re.compile(
     r"^\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
     r"(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$")
