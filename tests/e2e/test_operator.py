@@ -435,17 +435,21 @@ def test_the_controller_pod_is_admitted_under_restricted_pod_security(installed,
     api.patch(NAMESPACES, namespace, {"metadata": {"labels": {
         "pod-security.kubernetes.io/enforce": "restricted",
         "pod-security.kubernetes.io/enforce-version": "latest"}}})
-    deployment = next(d for d in yaml.safe_load_all((MANIFESTS / "deployment.yaml").read_text())
-                      if d and d["kind"] == "Deployment")
-    template = deployment["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "controller-dry-run", "labels": template["metadata"]["labels"]},
-           "spec": copy.deepcopy(template["spec"])}
-    pod["spec"].pop("serviceAccountName")           # that account lives in the system namespace
     eventually(lambda: get_or_none(api, SERVICEACCOUNTS, "default", namespace), timeout=TIMEOUT,
                interval=0.1, message="no default ServiceAccount")
-    admitted = api.create(PODS, pod, namespace=namespace, dry_run=True)
-    assert admitted["metadata"]["name"] == "controller-dry-run"
+    # The default install's Pod, and the secure-metrics overlay's (a Secret volume more).
+    for overlay in (MANIFESTS, MANIFESTS / "overlays" / "secure-metrics"):
+        rendered = kubectl(installed, "kustomize", str(overlay)).stdout
+        deployment = next(d for d in yaml.safe_load_all(rendered)
+                          if d and d["kind"] == "Deployment")
+        template = deployment["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "controller-dry-run",
+                            "labels": template["metadata"]["labels"]},
+               "spec": copy.deepcopy(template["spec"])}
+        pod["spec"].pop("serviceAccountName")       # that account lives in the system namespace
+        admitted = api.create(PODS, pod, namespace=namespace, dry_run=True)
+        assert admitted["metadata"]["name"] == "controller-dry-run", overlay
     # the check is live: the same Pod without its seccomp profile is refused
     weaker = copy.deepcopy(pod)
     weaker["spec"]["securityContext"].pop("seccompProfile")
