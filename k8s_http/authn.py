@@ -140,7 +140,7 @@ class MetricsAuthorizer:
         except (errors.K8sHttpError, ValueError, TypeError, AttributeError) as exc:
             # Not cached: the next scrape asks again. No token in this message:
             # exceptions never carry request bodies.
-            log.warning("metrics authorization failed: %s", exc)
+            log.warning("metrics authorization failed", extra={"error": str(exc)})
             return Decision(500, "authorization is unavailable")
         if not allowed:
             return Decision(403, f"user {user.name!r} may not {self.verb} {self.path}"

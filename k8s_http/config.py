@@ -201,8 +201,8 @@ class TokenFile(CredentialSource):
         except (OSError, ValueError) as e:
             problem = getattr(e, "strerror", None) or str(e)
             if self._token is not None:
-                log.warning("token file %s: re-read failed (%s); keeping the previous token",
-                            self.path, problem)
+                log.warning("token file %s: re-read failed; keeping the previous token",
+                            self.path, extra={"error": problem})
                 return
             raise CredentialError(f"token file {self.path}", f"cannot read the token: {problem}",
                                   "make the file exist, be readable, and hold a bearer token"
@@ -484,8 +484,8 @@ class ClusterConfig:
             with open(self.ca_file, "rb") as f:
                 data = f.read()
         except OSError as e:
-            log.warning("CA file %s: re-read failed (%s); keeping the previous CA",
-                        self.ca_file, e.strerror)
+            log.warning("CA file %s: re-read failed; keeping the previous CA", self.ca_file,
+                        extra={"error": e.strerror})
             return False
         with self._lock:
             if data == self.ca_data:
@@ -493,7 +493,8 @@ class ClusterConfig:
             try:
                 _load_ca(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), data, self.ca_file)
             except ConfigError as e:
-                log.warning("%s; keeping the previous CA", e)
+                log.warning("CA file %s: keeping the previous CA", self.ca_file,
+                            extra={"error": str(e)})
                 return False
             self.ca_data = data
             self._ssl_cache = None

@@ -122,7 +122,7 @@ class EventRecorder:
         try:
             self.client.create(EVENTS, event, namespace=namespace)
         except Exception as err:  # best effort: never fail a reconcile over an event
-            log.warning("could not record event %s on %s: %s", reason, key, err)
+            log.warning("could not record event %s on %s", reason, key, extra={"error": str(err)})
             return False
         self.sent += 1
         return True

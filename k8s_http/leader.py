@@ -299,8 +299,9 @@ class LeaderElector:
             try:
                 return self._attempt_locked(start)
             except (errors.ApiError, errors.TransportError) as exc:
-                log.warning("lease %s/%s: %s failed: %s", self.namespace, self.name,
-                            "renewal" if self.is_leader() else "acquire attempt", exc)
+                log.warning("lease %s/%s: %s failed", self.namespace, self.name,
+                            "renewal" if self.is_leader() else "acquire attempt",
+                            extra={"error": str(exc)})
                 return False
             except Exception:
                 # A bug (or a fake client's surprise) must not kill the election
@@ -329,6 +330,10 @@ class LeaderElector:
                                default_duration_seconds=self.lease_duration_seconds):
                 self._lose(f"lease is held by {current.holder!r}")
                 return False
+            if current.holder == self.identity:
+                # client-go's slow path: the Lease names us, but we had to read
+                # it first (our optimistic renewal of the cached copy failed).
+                self.metrics.leader_election_slowpath_total.labels(self.name).inc()
         else:
             current = LeaderRecord.from_lease(lease)
 
@@ -386,13 +391,19 @@ class LeaderElector:
                      "" if takeover else " (already ours)")
             self.metrics.leader_election_master_status.labels(self.name).set(1)
 
-    def _lose(self, reason: str) -> None:
-        """Give up leadership now (a no-op when not leading)."""
+    def _lose(self, reason: str, *, handing_back: bool = False) -> None:
+        """Give up leadership now (a no-op when not leading).
+
+        A loss is a warning; handing the lease back on a clean shutdown
+        (`handing_back`) is the normal way a term ends, and logs at info.
+        """
         with self._lock:
             was_leading = self._renewed_at is not None
             self._renewed_at = None
         self.metrics.leader_election_master_status.labels(self.name).set(0)
-        if was_leading:
+        if was_leading and handing_back:
+            log.info("stopped leading lease %s/%s: %s", self.namespace, self.name, reason)
+        elif was_leading:
             log.warning("lost lease %s/%s: %s", self.namespace, self.name, reason)
 
     # ---- the loop -------------------------------------------------------------
@@ -469,7 +480,7 @@ class LeaderElector:
         """
         with self._lock:       # _hold() checks it under the same lock
             self._released = True
-        self._lose("released")
+        self._lose("releasing it", handing_back=True)
         # A renewal stuck in I/O holds the write lock; do not wait longer than
         # its own deadline (the lease then simply expires).
         if not self._write_lock.acquire(timeout=self.renew_deadline_seconds):
@@ -491,7 +502,8 @@ class LeaderElector:
             try:
                 written = self._client.replace(LEASES, body, namespace=self.namespace)
             except (errors.ApiError, errors.TransportError) as exc:
-                log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, exc)
+                log.warning("lease %s/%s: release failed", self.namespace, self.name,
+                            extra={"error": str(exc)})
                 return False
             with self._lock:
                 self._lease = written

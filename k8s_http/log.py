@@ -1,8 +1,19 @@
 """Logging setup: text or JSON lines, a per-reconcile context, and token redaction.
 
     setup_logging(level="info", fmt="auto")
-    with reconcile_context("my", "default/foobar", reconcile_id):
-        log.info("applied")          # carries controller, key and reconcile_id
+    with reconcile_context("my", key, reconcile_id, kind="My", group="mine.jp"):
+        log.info("applied")          # carries controller, namespace, name, reconcileID ...
+
+The JSON lines are controller-runtime's (zap production encoder): keys
+`level` (debug, info, warn, error), `ts`, `logger`, `caller` (package/file:line),
+`msg`, then the reconcile context (`controller`, `controllerGroup`,
+`controllerKind`, `<Kind>: {name, namespace}`, `namespace`, `name`,
+`reconcileID`), any `extra=` fields, `error` (the exception as
+"Type: message", or an `extra={"error": ...}`) and `stacktrace` (the
+traceback; for an error line without an exception, the call site's stack, as
+zap adds one to every error). So a log pipeline written for controller-runtime
+operators (`select(.level=="error") | .error`) reads ours unchanged. Python's
+CRITICAL has no zap name below panic and is written as `error`.
 
 One handler on the root logger, so every library logger (`k8s_http.*`, the
 user's own) ends up in the same format. The handler has two filters:
@@ -27,6 +38,7 @@ import json
 import logging
 import re
 import sys
+import traceback
 import uuid
 from typing import Iterator, TextIO
 
@@ -34,6 +46,7 @@ __all__ = [
     "LOG_LEVELS",
     "LOG_FORMATS",
     "CONTEXT_FIELDS",
+    "level_name",
     "parse_level",
     "setup_logging",
     "reconcile_context",
@@ -57,10 +70,16 @@ LOG_LEVELS = {
 }
 LOG_FORMATS = ("auto", "text", "json")
 
-# The reconcile context fields, in the order they are printed.
-CONTEXT_FIELDS = ("controller", "key", "reconcile_id")
+# The reconcile context fields, in the order they are printed (controller-runtime's
+# keys; the `<Kind>: {name, namespace}` object goes between controllerKind and namespace).
+CONTEXT_FIELDS = ("controller", "controllerGroup", "controllerKind", "namespace", "name",
+                  "reconcileID")
 
-_CONTEXT: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+# The record attribute ContextFilter stores the context under: one attribute,
+# because "name" (a context key) is also the logger's name on a LogRecord.
+_CONTEXT_ATTR = "_k8s_http_context"
+
+_CONTEXT: contextvars.ContextVar[dict[str, object] | None] = contextvars.ContextVar(
     "k8s_http_reconcile_context", default=None)
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`
@@ -109,21 +128,37 @@ def redact(text: str) -> str:
 
 
 @contextlib.contextmanager
-def reconcile_context(controller: str, key: object, reconcile_id: str) -> Iterator[None]:
-    """Every record logged inside carries controller, key and reconcile_id.
+def reconcile_context(controller: str, key: object, reconcile_id: str, *, kind: str = "",
+                      group: str = "") -> Iterator[None]:
+    """Every record logged inside carries the reconcile context (controller-runtime's keys).
 
-    This is the `log_context` callable the Runner takes. Nesting restores the
-    outer context on exit; other threads never see it.
+    `key` is an ObjectKey (or "namespace/name" text). With `kind`, the line
+    also has controllerKind and the `<Kind>: {name, namespace}` object that
+    controller-runtime adds; `group` gives controllerGroup ("" for the core group).
+    This (with kind and group bound) is the `log_context` callable the Runner
+    takes. Nesting restores the outer context on exit; other threads never see it.
     """
-    token = _CONTEXT.set({"controller": str(controller), "key": str(key),
-                          "reconcile_id": str(reconcile_id)})
+    namespace = getattr(key, "namespace", None)
+    name = getattr(key, "name", None)
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        namespace, _, name = str(key).rpartition("/")
+    ctx: dict[str, object] = {"controller": str(controller)}
+    if kind:
+        ctx["controllerGroup"] = group
+        ctx["controllerKind"] = kind
+        ctx[kind] = {"name": name, "namespace": namespace} if namespace else {"name": name}
+    if namespace:
+        ctx["namespace"] = namespace
+    ctx["name"] = name
+    ctx["reconcileID"] = str(reconcile_id)
+    token = _CONTEXT.set(ctx)
     try:
         yield
     finally:
         _CONTEXT.reset(token)
 
 
-def current_context() -> dict[str, str]:
+def current_context() -> dict[str, object]:
     """The reconcile context of the calling thread ({} outside any)."""
     return dict(_CONTEXT.get() or {})
 
@@ -134,17 +169,15 @@ def new_reconcile_id() -> str:
 
 
 class ContextFilter(logging.Filter):
-    """Adds the current reconcile context fields to each record.
+    """Attaches the current reconcile context to each record (one attribute).
 
-    A field the caller passed explicitly with `extra=` wins.
+    A field the caller passed explicitly with `extra=` wins over the context's.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         ctx = _CONTEXT.get()
-        if ctx:
-            for name, value in ctx.items():
-                if not hasattr(record, name):
-                    setattr(record, name, value)
+        if ctx and not hasattr(record, _CONTEXT_ATTR):
+            setattr(record, _CONTEXT_ATTR, ctx)
         return True
 
 
@@ -198,15 +231,34 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 
 def _fields(record: logging.LogRecord) -> dict[str, object]:
-    """Context fields first (fixed order), then any `extra=` fields."""
+    """The reconcile context first (in its order), then any `extra=` fields (which win)."""
+    extras = {name: value for name, value in record.__dict__.items()
+              if name not in _RECORD_ATTRS and not name.startswith("_")}
     out: dict[str, object] = {}
-    for name in CONTEXT_FIELDS:
-        if name in record.__dict__:
-            out[name] = record.__dict__[name]
-    for name, value in record.__dict__.items():
-        if name not in _RECORD_ATTRS and name not in out and not name.startswith("_"):
-            out[name] = value
+    ctx = record.__dict__.get(_CONTEXT_ATTR)
+    if isinstance(ctx, dict):
+        for name, value in ctx.items():
+            out[name] = extras.pop(name, value)
+    out.update(extras)
     return out
+
+
+def level_name(levelno: int) -> str:
+    """zap's name for a logging level: debug, info, warn, error."""
+    if levelno >= logging.ERROR:
+        return "error"
+    if levelno >= logging.WARNING:
+        return "warn"
+    return "info" if levelno >= logging.INFO else "debug"
+
+
+def _caller(record: logging.LogRecord) -> str:
+    """zap's short caller, package/file:line: the logger's package when the
+    logger is named after its module (`getLogger(__name__)`), else the file alone."""
+    package, _, module = record.name.rpartition(".")
+    if module == record.module and package:
+        return f"{package.replace('.', '/')}/{record.module}.py:{record.lineno}"
+    return f"{record.filename}:{record.lineno}"
 
 
 class _BaseFormatter(logging.Formatter):
@@ -217,6 +269,27 @@ class _BaseFormatter(logging.Formatter):
         except Exception:
             text = f"{_safe_str(record.msg)} (unformattable args: {_safe_repr(record.args)})"
         return redact(text)
+
+    @staticmethod
+    def error_text(record: logging.LogRecord) -> str:
+        """The `error` field: the exception as "Type: message" ("" without one)."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None:
+            return ""
+        try:
+            text = str(exc)
+        except Exception:
+            text = "<unprintable>"
+        name = type(exc).__name__
+        return redact(_clip(f"{name}: {text}" if text else name))
+
+    @staticmethod
+    def call_stack() -> str:
+        """The stack of the logging call, without logging's and this module's frames."""
+        frames = [f for f in traceback.extract_stack()
+                  if f.filename not in (__file__, logging.__file__)
+                  and not f.filename.endswith(("logging/__init__.py", "threading.py"))]
+        return redact("".join(traceback.format_list(frames)).rstrip("\n"))
 
     def exception_text(self, record: logging.LogRecord) -> str:
         """The traceback (and stack_info), redacted; "" when there is none."""
@@ -234,26 +307,36 @@ class _BaseFormatter(logging.Formatter):
 
 
 class JsonFormatter(_BaseFormatter):
-    """One JSON object per line: ts, level, logger, msg, context/extra fields, exc.
+    """One JSON object per line, controller-runtime's zap keys (see the module docstring).
 
     ASCII-only output (`ensure_ascii`), so a lone surrogate or any other
     character the stream cannot encode is written as a JSON escape instead of
     breaking the write.
     """
 
+    _OWN_KEYS = ("level", "ts", "logger", "caller", "msg", "error", "stacktrace")
+
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, object] = {
+            "level": level_name(record.levelno),
             "ts": _timestamp(record),
-            "level": record.levelname.lower(),
             "logger": record.name,
+            "caller": _caller(record),
             "msg": self.message(record),
         }
-        for name, value in _fields(record).items():
-            if name not in doc:
+        fields = _fields(record)
+        for name, value in fields.items():
+            if name not in self._OWN_KEYS:
                 doc[name] = self._jsonable(value)
-        exc = self.exception_text(record)
-        if exc:
-            doc["exc"] = exc
+        error = self.error_text(record) or (
+            self._jsonable(fields["error"]) if "error" in fields else "")
+        if error:
+            doc["error"] = error
+        stack = self.exception_text(record)
+        if not stack and record.levelno >= logging.ERROR:
+            stack = self.call_stack()
+        if stack:
+            doc["stacktrace"] = stack
         try:
             return json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError):  # cannot happen after _jsonable; belt and braces
@@ -274,13 +357,26 @@ class JsonFormatter(_BaseFormatter):
 
 
 class TextFormatter(_BaseFormatter):
-    """`ts LEVEL logger: msg key=value ...`, then the traceback on its own lines."""
+    """`ts LEVEL logger: msg key=value ... error=...`, then the traceback on its own lines.
+
+    For a person at a terminal: the same level names as the JSON (upper case),
+    no caller, and the kind object of the reconcile context left out (the
+    namespace and name say it already).
+    """
 
     def format(self, record: logging.LogRecord) -> str:
-        line = (f"{_timestamp(record)} {record.levelname:<7} {record.name}: "
+        line = (f"{_timestamp(record)} {level_name(record.levelno).upper():<5} {record.name}: "
                 f"{self.message(record)}")
-        for name, value in _fields(record).items():
+        fields = _fields(record)
+        error = self.error_text(record)
+        if error:
+            fields.pop("error", None)
+        for name, value in fields.items():
+            if isinstance(value, dict) and name[:1].isupper():
+                continue        # the `<Kind>: {name, namespace}` context object
             line += f" {name}={self._value(value)}"
+        if error:
+            line += f" error={self._value(error)}"
         exc = self.exception_text(record)
         if exc:
             line += "\n" + exc

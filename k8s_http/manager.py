@@ -24,6 +24,7 @@ stay plain HTTP on their own address: the kubelet probes them anonymously.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -194,11 +195,13 @@ class Manager:
                        reconcile: Callable[[ObjectKey], Result | None], *,
                        owns: Iterable[Resource] = (), owns_label_selector: str | None = None,
                        label_selector: str | None = None, workers: int = 4,
-                       name: str | None = None) -> None:
+                       name: str | None = None,
+                       reconcile_timeout_seconds: float | None = None) -> None:
         """Reconcile `resource` objects; changes to `owns` objects map to their controlling owner.
 
         `owns_label_selector` narrows the owned watches server-side so the
         cache holds only our children (e.g. a managed-by label).
+        `reconcile_timeout_seconds`: failures past it count as timeouts (runner.py).
         """
         if self._started:
             raise RuntimeError("add_controller() after start()")
@@ -215,7 +218,9 @@ class Manager:
             informers.append(informer)
         runner = Runner(name, queue, reconcile, workers=workers, metrics=self.metrics,
                         clock=self._clock, can_start=self._may_reconcile,
-                        log_context=reconcile_context)
+                        log_context=functools.partial(reconcile_context, kind=resource.kind,
+                                                      group=resource.group),
+                        reconcile_timeout_seconds=reconcile_timeout_seconds)
         self.metrics.init_controller(name, workers)
         self._controllers.append(_Controller(name, resource, queue, runner, primary, informers))
         self.healthz.add(f"workers-{name}", lambda r=runner: (r.threads_alive(),

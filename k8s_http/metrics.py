@@ -11,7 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 
-__all__ = ["Metrics", "RECONCILE_RESULTS", "WATCH_RESTART_REASONS", "WATCH_EVENT_TYPES"]
+__all__ = ["Metrics", "RECONCILE_RESULTS", "WATCH_RESTART_REASONS", "WATCH_EVENT_TYPES",
+           "DECODE_ERROR_KINDS", "WORKQUEUE_BUCKETS", "exponential_buckets"]
 
 RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")
 WATCH_EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
@@ -21,13 +22,36 @@ WATCH_EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
 # other HTTP or ERROR-event failure), protocol (malformed bytes).
 WATCH_RESTART_REASONS = ("timeout", "disconnect", "stall", "gone", "too_large_rv", "error",
                          "protocol")
+# k8s_http_watch_decode_errors_total{kind}: what was wrong with the watch input.
+# From the decoder (watchproto.WatchDecodeError.kind, or "framing" for bad
+# chunked framing): oversize, json, not_object, utf8, framing. From the
+# watcher's step (an event it could not use): unknown_type, no_resource_version,
+# no_name. "skipped": lines the decoder dropped on its own. Pre-set to 0, so a
+# rate() or an alert works before the first one (tests/unit/test_metrics.py
+# checks that every kind the code uses is listed here).
+DECODE_ERROR_KINDS = ("framing", "oversize", "json", "not_object", "utf8", "unknown_type",
+                      "no_resource_version", "no_name", "skipped")
+
+
+def exponential_buckets(start: float, factor: float, count: int) -> tuple[float, ...]:
+    """prometheus.ExponentialBuckets (client_golang): start, start*factor, ... `count` of them.
+
+    Multiplied step by step as Go does, so the bounds print exactly as
+    controller-runtime's (1e-08, 1e-07, ...), not as powers rounded differently.
+    """
+    buckets, bound = [], start
+    for _ in range(count):
+        buckets.append(bound)
+        bound *= factor
+    return tuple(buckets)
 
 # controller-runtime's reconcile_time_seconds buckets.
 _RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45,
                       0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0,
                       4.5, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60)
-# client-go workqueue buckets: 1 ns .. 10 s, exponential x10.
-_QUEUE_BUCKETS = tuple(10.0 ** e for e in range(-9, 2))
+# controller-runtime's workqueue histograms (pkg/metrics/workqueue.go):
+# ExponentialBuckets(10e-9, 10, 12) = 10 ns .. 1000 s.
+WORKQUEUE_BUCKETS = exponential_buckets(10e-9, 10, 12)
 # client-go rest_client_request_duration_seconds buckets.
 _REST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 
@@ -58,8 +82,10 @@ class Metrics:
             registry=r)
         self.reconcile_panics_total = Counter(
             "controller_runtime_reconcile_panics_total",
-            "Total number of reconciliation panics (uncaught exceptions) per controller",
-            ["controller"], registry=r)
+            "Total number of reconciliation panics per controller", ["controller"], registry=r)
+        self.reconcile_timeouts_total = Counter(
+            "controller_runtime_reconcile_timeouts_total",
+            "Total number of reconciliation timeouts per controller", ["controller"], registry=r)
         self.reconcile_time_seconds = Histogram(
             "controller_runtime_reconcile_time_seconds",
             "Length of time per reconciliation per controller", ["controller"],
@@ -72,8 +98,12 @@ class Metrics:
             "Number of currently used workers per controller", ["controller"], registry=r)
 
         # client-go workqueue
+        # priority: controller-runtime labels depth by the priority of the
+        # queued items; this queue has one priority, reported as "" exactly as
+        # controller-runtime's provider does for a queue without priorities.
         self.workqueue_depth = Gauge(
-            "workqueue_depth", "Current depth of workqueue", ["name", "controller"], registry=r)
+            "workqueue_depth", "Current depth of workqueue by workqueue and priority",
+            ["name", "controller", "priority"], registry=r)
         self.workqueue_adds_total = Counter(
             "workqueue_adds_total", "Total number of adds handled by workqueue",
             ["name", "controller"], registry=r)
@@ -83,24 +113,26 @@ class Metrics:
         self.workqueue_queue_duration_seconds = Histogram(
             "workqueue_queue_duration_seconds",
             "How long in seconds an item stays in workqueue before being requested",
-            ["name", "controller"], buckets=_QUEUE_BUCKETS, registry=r)
+            ["name", "controller"], buckets=WORKQUEUE_BUCKETS, registry=r)
         self.workqueue_work_duration_seconds = Histogram(
             "workqueue_work_duration_seconds",
-            "How long in seconds processing an item from workqueue takes",
-            ["name", "controller"], buckets=_QUEUE_BUCKETS, registry=r)
+            "How long in seconds processing an item from workqueue takes.",
+            ["name", "controller"], buckets=WORKQUEUE_BUCKETS, registry=r)
         self.workqueue_unfinished_work_seconds = Gauge(
             "workqueue_unfinished_work_seconds",
             "How many seconds of work has been done that is in progress and hasn't been "
-            "observed by work_duration", ["name", "controller"], registry=r)
+            "observed by work_duration. Large values indicate stuck threads. One can deduce "
+            "the number of stuck threads by observing the rate at which this increases.",
+            ["name", "controller"], registry=r)
         self.workqueue_longest_running_processor_seconds = Gauge(
             "workqueue_longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running",
+            "How many seconds has the longest running processor for workqueue been running.",
             ["name", "controller"], registry=r)
 
         # client-go REST client
         self.rest_client_requests_total = Counter(
             "rest_client_requests_total",
-            "Number of HTTP requests, partitioned by status code, method, and host",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
             ["code", "method", "host"], registry=r)
         self.rest_client_request_duration_seconds = Histogram(
             "rest_client_request_duration_seconds",
@@ -111,7 +143,12 @@ class Metrics:
         self.leader_election_master_status = Gauge(
             "leader_election_master_status",
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates "
-            "backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            "backup, 1 indicates master. 'name' is the string used to identify the lease. "
+            "Please make sure to group by name.", ["name"], registry=r)
+        self.leader_election_slowpath_total = Counter(
+            "leader_election_slowpath_total",
+            "Total number of slow path exercised in renewing leader leases. 'name' is the "
+            "string used to identify the lease. Please make sure to group by name.",
             ["name"], registry=r)
 
         # watch health (ours)
@@ -132,7 +169,12 @@ class Metrics:
             "Malformed watch input (framing, JSON, oversize lines, unknown events)",
             ["resource", "kind"], registry=r)
 
-        self.build_info = Info("my_controller_build", "Build information", registry=r)
+        # my_controller_build_info{version, manager} 1: `version` is the
+        # package's, `manager` the name the Manager was given (the controller
+        # binary's name), so one Prometheus can tell several operators built on
+        # k8s_http apart.
+        self.build_info = Info("my_controller_build", "Build information: version and manager name",
+                               registry=r)
 
     # Pre-setting known label values to 0 makes rate() and absent() work from
     # the first scrape instead of after the first occurrence.
@@ -142,10 +184,12 @@ class Metrics:
         self.reconcile_errors_total.labels(controller)
         self.terminal_reconcile_errors_total.labels(controller)
         self.reconcile_panics_total.labels(controller)
+        self.reconcile_timeouts_total.labels(controller)
         self.reconcile_time_seconds.labels(controller)
         self.max_concurrent_reconciles.labels(controller).set(workers)
         self.active_workers.labels(controller).set(0)
-        for family in (self.workqueue_depth, self.workqueue_adds_total,
+        self.workqueue_depth.labels(controller, controller, "")
+        for family in (self.workqueue_adds_total,
                        self.workqueue_retries_total, self.workqueue_queue_duration_seconds,
                        self.workqueue_work_duration_seconds,
                        self.workqueue_unfinished_work_seconds,
@@ -157,8 +201,11 @@ class Metrics:
             self.watch_events_total.labels(resource, type_)
         for reason in WATCH_RESTART_REASONS:
             self.watch_restarts_total.labels(resource, reason)
+        for kind in DECODE_ERROR_KINDS:
+            self.watch_decode_errors_total.labels(resource, kind)
         self.informer_relists_total.labels(resource)
         self.cache_objects.labels(resource).set(0)
 
     def init_leader(self, lease_name: str) -> None:
         self.leader_election_master_status.labels(lease_name).set(0)
+        self.leader_election_slowpath_total.labels(lease_name)

@@ -12,10 +12,26 @@ The whole user contract: a reconcile function gets a key and returns a
 | raises anything else               | add_rate_limited (backoff)    | error                   |
 
 Errors also count in reconcile_errors_total (terminal ones in
-terminal_reconcile_errors_total as well, as controller-runtime does). An
-exception that is not one of ours (`K8sHttpError`: API, transport, leadership
-errors) is a bug in the reconcile: it also counts as a panic. Every error is
-logged with its traceback and the key; the worker thread survives it.
+terminal_reconcile_errors_total as well, as controller-runtime does). Every
+error is logged with its traceback and the key; the worker thread survives it.
+
+What is a panic. Go separates `return err` (an error the reconcile reports)
+from a panic (the runtime catching a bug: nil dereference, index out of range,
+failed type assertion, division by zero, an explicit panic). controller-runtime
+recovers a panic, counts it in reconcile_panics_total, and then handles it as
+an error. Python raises for both, so the line is drawn by exception type:
+`PANIC_TYPES` below are the exceptions Python raises where Go would panic
+(AttributeError on None, TypeError, KeyError/IndexError, ZeroDivisionError,
+AssertionError, RecursionError, NameError, NotImplementedError). Anything else
+(an ApiError, an OSError, a ValueError from a parser, a user's own exception
+class) is an error the reconcile reports: counted as an error, not a panic.
+
+Timeouts. With `reconcile_timeout_seconds`, a reconcile that fails after
+running longer than that counts in reconcile_timeouts_total, as
+controller-runtime counts an error returned once the reconcile's context
+deadline has passed. A Python thread cannot be cancelled, so the timeout is
+measured, not enforced; None (the default, like controller-runtime's) counts
+nothing.
 """
 
 from __future__ import annotations
@@ -28,11 +44,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Hashable
 
-from .errors import K8sHttpError
 from .metrics import Metrics
 from .workqueue import WorkQueue
 
-__all__ = ["Result", "TerminalError", "Runner"]
+__all__ = ["Result", "TerminalError", "Runner", "PANIC_TYPES", "is_panic"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +65,19 @@ class TerminalError(Exception):
 
     Wrap the cause: ``raise TerminalError("spec.port out of range") from err``.
     """
+
+
+# The exceptions Python raises where Go's runtime would panic (see the module
+# docstring). RecursionError and NotImplementedError are RuntimeErrors; plain
+# RuntimeError is not listed: libraries raise it for states, not bugs.
+PANIC_TYPES: tuple[type[BaseException], ...] = (
+    AttributeError, TypeError, LookupError, ArithmeticError, AssertionError,
+    RecursionError, NameError, NotImplementedError)
+
+
+def is_panic(err: BaseException) -> bool:
+    """True for an exception that Go would have been a panic (a bug), not a reported error."""
+    return isinstance(err, PANIC_TYPES)
 
 
 LogContext = Callable[[str, Hashable, str], ContextManager[object]]
@@ -73,7 +101,8 @@ class Runner:
                  reconcile: Callable[[Hashable], Result | None], *, workers: int = 1,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
                  can_start: Callable[[], bool] = lambda: True,
-                 log_context: LogContext | None = None, poll_seconds: float = 0.2):
+                 log_context: LogContext | None = None, poll_seconds: float = 0.2,
+                 reconcile_timeout_seconds: float | None = None):
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.name = name
@@ -86,6 +115,7 @@ class Runner:
         # How long an idle or gated worker waits before it looks again at the
         # stop flag and can_start(). Waits are on _stopping, so stop() ends them at once.
         self._poll_seconds = poll_seconds
+        self.reconcile_timeout_seconds = reconcile_timeout_seconds
 
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -102,6 +132,7 @@ class Runner:
         self._m_errors = m.reconcile_errors_total.labels(name)
         self._m_terminal = m.terminal_reconcile_errors_total.labels(name)
         self._m_panics = m.reconcile_panics_total.labels(name)
+        self._m_timeouts = m.reconcile_timeouts_total.labels(name)
         self._m_time = m.reconcile_time_seconds.labels(name)
         self._m_active = m.active_workers.labels(name)
 
@@ -208,6 +239,7 @@ class Runner:
                         raise TypeError(f"reconcile returned {type(result).__name__}, "
                                         "not Result or None")
                 except Exception as err:
+                    self._count_timeout(started)
                     self._apply_error(key, err, reconcile_id)
                 else:
                     self._apply_result(key, result)
@@ -243,17 +275,25 @@ class Runner:
             self.queue.forget(key)
             self._m_total["success"].inc()
 
+    def _count_timeout(self, started: float) -> None:
+        timeout = self.reconcile_timeout_seconds
+        if timeout is not None and self._clock() - started > timeout:
+            self._m_timeouts.inc()
+
     def _apply_error(self, key: Hashable, err: Exception, reconcile_id: str) -> None:
         self._m_errors.inc()
         self._m_total["error"].inc()
         if isinstance(err, TerminalError):
             self._m_terminal.inc()
             self.queue.forget(key)
-            logger.error("controller %s: reconcile %s (id %s) failed, not retried: %s",
-                         self.name, key, reconcile_id, err, exc_info=err)
+            # controller-runtime's message and keys: the reconcile context
+            # (controller, namespace, name, reconcileID) is on the line, the
+            # exception is in `error` and `stacktrace`.
+            logger.error("Reconciler error", exc_info=err,
+                         extra={"retry": False, "reconcileID": reconcile_id})
             return
-        if not isinstance(err, K8sHttpError):
+        if is_panic(err):
             self._m_panics.inc()
         self.queue.add_rate_limited(key)
-        logger.error("controller %s: reconcile %s (id %s) failed, will retry: %s",
-                     self.name, key, reconcile_id, err, exc_info=err)
+        logger.error("Reconciler error", exc_info=err,
+                     extra={"retry": True, "reconcileID": reconcile_id})

@@ -18,8 +18,11 @@ then `get(timeout_seconds=0)` (or `wake()` a blocked getter). The bounds on
 real waits (`get(timeout_seconds=)`, `shutdown(timeout_seconds=)`) are
 measured on the real monotonic clock, so a fake clock cannot make them hang.
 
-Metrics (client-go names, labels ``(name, name)``): depth, adds, retries,
-queue and work duration are updated as things happen. The two "work in
+Metrics (controller-runtime v0.24's names, labels ``(name, name)``, and
+``priority=""`` on depth): depth, adds, retries, queue and work duration are
+updated as things happen. `workqueue_retries_total` counts what client-go's
+delaying queue counts: every `add_after()` (a `requeue_after` result included)
+and every `add_rate_limited()` made before shutdown. The two "work in
 progress" gauges (unfinished_work_seconds, longest_running_processor_seconds)
 are computed when Prometheus scrapes (`Gauge.set_function`), so no thread has
 to refresh them and they are never stale.
@@ -86,7 +89,7 @@ class _Queue:
 
         self.metrics = metrics if metrics is not None else Metrics()
         m, labels = self.metrics, (name, name)
-        self._m_depth = m.workqueue_depth.labels(*labels)
+        self._m_depth = m.workqueue_depth.labels(*labels, "")
         self._m_adds = m.workqueue_adds_total.labels(*labels)
         self._m_retries = m.workqueue_retries_total.labels(*labels)
         self._m_queue_duration = m.workqueue_queue_duration_seconds.labels(*labels)
@@ -264,9 +267,13 @@ class _DelayingQueue(_Queue):
         self._seq = itertools.count()
 
     def add_after(self, key: Hashable, delay_seconds: float) -> None:
-        """Add `key` once `delay_seconds` have passed on the clock (at once if <= 0)."""
+        """Add `key` once `delay_seconds` have passed on the clock (at once if <= 0).
+
+        Counted in workqueue_retries_total, as client-go's AddAfter counts it.
+        """
         with self._lock:
             if not self._shutting_down:
+                self._m_retries.inc()
                 self._add_after_locked(key, delay_seconds, self._clock())
 
     def _add_after_locked(self, key: Hashable, delay_seconds: float, now: float) -> None:

@@ -69,8 +69,11 @@ def http_get(port: int, path: str, *, token: str | None = None,
         conn.close()
 
 
-def metric_sum(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` in Prometheus text whose labels include `labels`."""
+def metric_sum(text: str, name: str, /, **labels: str) -> float:
+    """Sum of the samples of `name` in Prometheus text whose labels include `labels`.
+
+    Positional-only `name`, so a label called `name` (the Lease's, the queue's) can be given.
+    """
     total = 0.0
     for line in text.splitlines():
         if not (line.startswith(name + "{") or line.startswith(name + " ")):
@@ -216,7 +219,7 @@ class OperatorProcess:
 
     def reconcile_records(self, since: int = 0) -> list[dict]:
         """Log lines written inside a reconcile (they carry the reconcile context)."""
-        return [r for r in self.log_records(since) if r.get("reconcile_id")]
+        return [r for r in self.log_records(since) if r.get("reconcileID")]
 
     @property
     def identity(self) -> str:
@@ -237,7 +240,7 @@ class OperatorProcess:
         assert status == 200, f"{self}: /metrics answered {status}: {body[:200]}"
         return body
 
-    def metric(self, name: str, **labels: str) -> float:
+    def metric(self, name: str, /, **labels: str) -> float:
         return metric_sum(self.metrics_text(), name, **labels)
 
     def successful_writes(self) -> dict[str, float]:

@@ -158,6 +158,9 @@ def test_one_leader_reconciles_and_sigterm_hands_over_in_seconds(installed, api,
     leader.expect_clean_exit()
     assert any(m.startswith("released lease") for m in leader.messages(mark)), \
         leader.log()[mark:]
+    # A clean shutdown says nothing above info (the hand-back is not a loss).
+    loud = [r for r in leader.log_records(mark) if r.get("level") not in ("debug", "info")]
+    assert loud == [], loud
 
     # The new leader does the work now.
     eventually(standby.is_leader, timeout=10, interval=0.2)

@@ -1,7 +1,7 @@
 """`--metrics-secure` on the real control plane: HTTPS, TokenReview and SubjectAccessReview.
 
 Two operator processes run as the controller's ServiceAccount with the RBAC of
-manifests/rbac.yaml (which lets it create TokenReviews and
+manifests/base/rbac.yaml (which lets it create TokenReviews and
 SubjectAccessReviews), with a certificate from `--metrics-cert-dir`, and with
 leader election, so that one of them is a standby: a standby must answer
 scrapes too (its reviews go through a client without the leader write guard).

@@ -1,7 +1,7 @@
 """The operator end to end: manifests/ applied with kubectl, the operator as its own process.
 
 The operator authenticates as its own ServiceAccount (a bound token minted
-through the TokenRequest API), so the RBAC in manifests/rbac.yaml is what is
+through the TokenRequest API), so the RBAC in manifests/base/rbac.yaml is what is
 tested: any verb it lacks shows up as a 403 in its log and its metrics.
 Pods never run (there is no kubelet), which is why most Mys here ask for 0
 replicas: their Deployments become Available as soon as the Deployment
@@ -198,7 +198,7 @@ def events_for(api, name, namespace) -> list[dict]:
 
 
 def test_sample_gets_its_deployment_and_service(operator, installed, api):
-    kubectl(installed, "apply", "-f", str(MANIFESTS / "sample-my.yaml"))
+    kubectl(installed, "apply", "-k", str(MANIFESTS / "samples"))
     try:
         my = eventually(lambda: (get_or_none(api, MY, "foobar", "default") or {}).get("status"),
                         timeout=TIMEOUT, interval=0.1, message="sample never got a status")
@@ -254,7 +254,7 @@ def test_sample_gets_its_deployment_and_service(operator, installed, api):
         assert [(e["reason"], e["message"]) for e in events] == [
             ("Created", "Created Deployment foobar and Service foobar")]
     finally:
-        kubectl(installed, "delete", "-f", str(MANIFESTS / "sample-my.yaml"), "--wait=false",
+        kubectl(installed, "delete", "-k", str(MANIFESTS / "samples"), "--wait=false",
                 check=False)
 
 
@@ -436,17 +436,21 @@ def test_the_controller_pod_is_admitted_under_restricted_pod_security(installed,
     api.patch(NAMESPACES, namespace, {"metadata": {"labels": {
         "pod-security.kubernetes.io/enforce": "restricted",
         "pod-security.kubernetes.io/enforce-version": "latest"}}})
-    deployment = next(d for d in yaml.safe_load_all((MANIFESTS / "deployment.yaml").read_text())
-                      if d and d["kind"] == "Deployment")
-    template = deployment["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "controller-dry-run", "labels": template["metadata"]["labels"]},
-           "spec": copy.deepcopy(template["spec"])}
-    pod["spec"].pop("serviceAccountName")           # that account lives in the system namespace
     eventually(lambda: get_or_none(api, SERVICEACCOUNTS, "default", namespace), timeout=TIMEOUT,
                interval=0.1, message="no default ServiceAccount")
-    admitted = api.create(PODS, pod, namespace=namespace, dry_run=True)
-    assert admitted["metadata"]["name"] == "controller-dry-run"
+    # The default install's Pod, and the secure-metrics overlay's (a Secret volume more).
+    for overlay in (MANIFESTS, MANIFESTS / "overlays" / "secure-metrics"):
+        rendered = kubectl(installed, "kustomize", str(overlay)).stdout
+        deployment = next(d for d in yaml.safe_load_all(rendered)
+                          if d and d["kind"] == "Deployment")
+        template = deployment["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "controller-dry-run",
+                            "labels": template["metadata"]["labels"]},
+               "spec": copy.deepcopy(template["spec"])}
+        pod["spec"].pop("serviceAccountName")       # that account lives in the system namespace
+        admitted = api.create(PODS, pod, namespace=namespace, dry_run=True)
+        assert admitted["metadata"]["name"] == "controller-dry-run", overlay
     # the check is live: the same Pod without its seccomp profile is refused
     weaker = copy.deepcopy(pod)
     weaker["spec"]["securityContext"].pop("seccompProfile")

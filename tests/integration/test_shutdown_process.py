@@ -94,6 +94,11 @@ def test_sigterm_turns_readyz_503_at_once_drains_and_exits_0(apiserver, held_app
     # It finished its reconcile: the Service is applied only after the Deployment.
     assert apiserver.get_object("/api/v1/namespaces/default/services/held") is not None
     assert "stopped" in operator.messages()
+    # Every line is a controller-runtime zap line, and a clean stop says nothing above info.
+    records = operator.log_records()
+    assert records and all(set(r) >= {"level", "ts", "logger", "caller", "msg"} for r in records)
+    loud = [r for r in records if r["level"] not in ("debug", "info")]
+    assert loud == [], loud
 
 
 def test_a_second_signal_exits_at_once_with_a_non_zero_code(apiserver, held_apply, operator):

@@ -83,8 +83,8 @@ def kubectl(kubectl_path: str | None, kubeconfig: str, *args: str) -> None:
 def run_demo(kubeconfig: str, namespace: str, kubectl_path: str | None, once: bool) -> int:
     client = ApiClient.from_config(load_config(kubeconfig))
     say("installing the CRD, namespace and RBAC from manifests/")
-    for name in ("namespace.yaml", "crd.yaml", "rbac.yaml"):
-        apply_file(client, MANIFESTS / name)
+    for name in ("namespace.yaml", "crd.yaml", "rbac.yaml", "user-roles.yaml"):
+        apply_file(client, MANIFESTS / "base" / name)
     wait_for(lambda: any(c.get("type") == "Established" and c.get("status") == "True"
                          for c in client.get(CRDS, "my.mine.jp").get("status", {})
                          .get("conditions", [])), 30, "the CRD to be established")
@@ -98,7 +98,7 @@ def run_demo(kubeconfig: str, namespace: str, kubectl_path: str | None, once: bo
          "--log-format", "text"], cwd=REPO)
     try:
         say(f"creating the sample My foobar in namespace {namespace}")
-        apply_file(client, MANIFESTS / "sample-my.yaml", namespace=namespace)
+        apply_file(client, MANIFESTS / "samples" / "my-foobar.yaml", namespace=namespace)
 
         def ready():
             try:

@@ -4,6 +4,7 @@ No sockets and no sleeping: the fake stop event's wait() advances the fake clock
 """
 
 import copy
+import logging
 import datetime as dt
 import threading
 
@@ -300,6 +301,50 @@ def test_renewal_uses_the_cached_lease_without_reading():
     assert e.try_acquire_or_renew()
     assert client.calls == ["replace"]
     assert LeaderRecord.from_lease(client.lease) == LeaderRecord("me", 15, T0, T1, 0)
+
+
+def test_a_failed_optimistic_renewal_takes_client_gos_slow_path_and_counts_it():
+    client, clock = FakeClient(), FakeClock()
+    registry = CollectorRegistry()
+    e = elector(client, clock, registry=registry)
+
+    def slowpath():
+        return registry.get_sample_value("leader_election_slowpath_total", {"name": "lease"})
+    assert slowpath() == 0                       # pre-set, like every known series
+    assert e.try_acquire_or_renew()
+    clock.now += 2
+    assert e.try_acquire_or_renew()              # the fast path: no read, not counted
+    assert slowpath() == 0
+    # Someone bumps the resourceVersion (an annotation, say): our cached copy is stale.
+    client.lease["metadata"]["labels"] = {"touched": "yes"}
+    client._store(client.lease)
+    clock.now += 2
+    assert not e.try_acquire_or_renew()          # 409 on the cached copy
+    assert e.is_leader()                         # still within the renew deadline
+    clock.now += 2
+    client.calls.clear()
+    assert e.try_acquire_or_renew()              # read, still ours, write: the slow path
+    assert client.calls == ["get", "replace"]
+    assert slowpath() == 1
+
+
+def test_handing_the_lease_back_is_info_but_losing_it_is_a_warning(caplog):
+    client, clock = FakeClient(), FakeClock()
+    e = elector(client, clock)
+    assert e.try_acquire_or_renew()
+    with caplog.at_level(logging.DEBUG, logger="k8s_http.leader"):
+        assert e.release()
+    assert [r.levelno for r in caplog.records] == [logging.INFO, logging.INFO]
+    caplog.clear()
+    other = elector(client, clock, identity="other")
+    assert other.try_acquire_or_renew()
+    client.set_holder("third")
+    clock.now += 2
+    with caplog.at_level(logging.DEBUG, logger="k8s_http.leader"):
+        assert not other.try_acquire_or_renew()
+        clock.now += 20
+        assert not other.try_acquire_or_renew()
+    assert logging.WARNING in [r.levelno for r in caplog.records]
 
 
 def test_is_leader_turns_false_at_the_renew_deadline_without_any_call():

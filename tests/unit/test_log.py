@@ -52,13 +52,58 @@ def test_json_line_shape(json_log):
     logger, lines = json_log
     logger.info("hello %s", "world")
     [doc] = lines()
-    assert list(doc)[:4] == ["ts", "level", "logger", "msg"]
+    # zap's production encoder order and keys (controller-runtime's JSON logs)
+    assert list(doc) == ["level", "ts", "logger", "caller", "msg"]
     assert TS.match(doc["ts"]), doc["ts"]
     assert doc["level"] == "info"
     assert doc["logger"] == "test.logger"
+    line = _line_of('logger.info("hello %s", "world")')
+    assert doc["caller"] == f"test_log.py:{line}"
     assert doc["msg"] == "hello world"
-    assert "exc" not in doc
-    assert "controller" not in doc
+
+
+def _line_of(text: str) -> int:
+    for number, line in enumerate(open(__file__).read().splitlines(), 1):
+        if text in line:
+            return number
+    raise AssertionError(text)
+
+
+@pytest.mark.parametrize("level, name", [(logging.DEBUG, "debug"), (logging.INFO, "info"),
+                                         (logging.WARNING, "warn"), (logging.ERROR, "error"),
+                                         (logging.CRITICAL, "error")])
+def test_zap_level_names(json_log, level, name):
+    logger, lines = json_log
+    logger.log(level, "x")
+    [doc] = lines()
+    assert doc["level"] == name
+
+
+def test_caller_is_package_and_file_for_module_loggers(json_log):
+    _, lines = json_log
+    logging.getLogger("k8s_http.runner").info("a logger named after another module")
+    logging.getLogger("tests.unit.test_log").info("a logger named after this module")
+    other, own = lines()
+    assert other["caller"].startswith("test_log.py:")
+    assert own["caller"].startswith("tests/unit/test_log.py:")
+
+
+def test_error_and_stacktrace_keys(json_log):
+    logger, lines = json_log
+    try:
+        {}["missing"]
+    except KeyError as err:
+        logger.error("Reconciler error", exc_info=err)
+    logger.warning("lease renewal failed", extra={"error": "Forbidden: leases"})
+    logger.error("no exception here")
+    failed, warned, bare = lines()
+    assert failed["msg"] == "Reconciler error"          # the error text is not in msg
+    assert failed["error"] == "KeyError: 'missing'"
+    assert failed["stacktrace"].startswith("Traceback (most recent call last):")
+    assert list(failed)[-2:] == ["error", "stacktrace"]
+    assert warned["error"] == "Forbidden: leases" and "stacktrace" not in warned
+    # zap adds the call site's stack to every error line
+    assert "test_error_and_stacktrace_keys" in bare["stacktrace"] and "error" not in bare
 
 
 def test_json_extra_fields_kept_and_odd_values_stringified(json_log):
@@ -80,9 +125,25 @@ def test_context_fields_inside_and_not_outside(json_log):
         logger.info("inside again")
     logger.info("outside")
     docs = lines()
-    assert [(d.get("controller"), d.get("key"), d.get("reconcile_id")) for d in docs] == [
-        ("my", "default/foobar", "rid-1"), ("other", "ns/x", "rid-2"),
-        ("my", "default/foobar", "rid-1"), (None, None, None)]
+    assert [(d.get("controller"), d.get("namespace"), d.get("name"), d.get("reconcileID"))
+            for d in docs] == [
+        ("my", "default", "foobar", "rid-1"), ("other", "ns", "x", "rid-2"),
+        ("my", "default", "foobar", "rid-1"), (None, None, None, None)]
+    assert all(d["logger"] == "test.logger" for d in docs)   # "name" never clobbers it
+
+
+def test_context_has_controller_runtimes_keys_in_its_order(json_log):
+    from k8s_http.objects import ObjectKey
+
+    logger, lines = json_log
+    with reconcile_context("my", ObjectKey("default", "foobar"), "rid", kind="My",
+                           group="mine.jp"):
+        logger.info("applied")
+    [doc] = lines()
+    assert list(doc)[5:] == ["controller", "controllerGroup", "controllerKind", "My",
+                             "namespace", "name", "reconcileID"]
+    assert doc["My"] == {"name": "foobar", "namespace": "default"}
+    assert (doc["controllerGroup"], doc["controllerKind"]) == ("mine.jp", "My")
 
 
 def test_context_is_per_thread(json_log):
@@ -91,7 +152,8 @@ def test_context_is_per_thread(json_log):
         t = threading.Thread(target=lambda: logger.info("from another thread"))
         t.start()
         t.join()
-        assert current_context() == {"controller": "my", "key": "a/b", "reconcile_id": "rid"}
+        assert current_context() == {"controller": "my", "namespace": "a", "name": "b",
+                                     "reconcileID": "rid"}
     [doc] = lines()
     assert "controller" not in doc
     assert current_context() == {}
@@ -104,10 +166,10 @@ def test_context_fields_in_text_format(text_log):
     line = stream.getvalue().rstrip("\n")
     assert TS.match(line.split(" ")[0])
     assert " INFO " in line and "test.logger: applied" in line
-    assert line.endswith('controller=my key="default/foo bar" reconcile_id=rid-1')
+    assert line.endswith('controller=my namespace=default name="foo bar" reconcileID=rid-1')
 
 
-def test_traceback_in_exc_field(json_log):
+def test_traceback_in_stacktrace_field(json_log):
     logger, lines = json_log
     try:
         raise RuntimeError("kaboom")
@@ -115,8 +177,9 @@ def test_traceback_in_exc_field(json_log):
         logger.exception("reconcile failed")
     [doc] = lines()
     assert doc["level"] == "error" and doc["msg"] == "reconcile failed"
-    assert doc["exc"].startswith("Traceback (most recent call last):")
-    assert "RuntimeError: kaboom" in doc["exc"]
+    assert doc["stacktrace"].startswith("Traceback (most recent call last):")
+    assert "RuntimeError: kaboom" in doc["stacktrace"]
+    assert doc["error"] == "RuntimeError: kaboom"
 
 
 def test_traceback_in_text_format(text_log):
@@ -126,7 +189,8 @@ def test_traceback_in_text_format(text_log):
     except ValueError:
         logger.exception("failed")
     out = stream.getvalue()
-    assert "failed\nTraceback (most recent call last):" in out
+    assert 'ERROR test.logger: failed error="ValueError: bad"\nTraceback (most recent call' \
+        in out
     assert out.rstrip().endswith("ValueError: bad")
 
 

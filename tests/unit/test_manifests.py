@@ -1,10 +1,12 @@
 """manifests/: static checks that need no cluster.
 
-The e2e suite applies the same files to a real apiserver; these catch the
-mistakes a reviewer would: wildcards or secrets in RBAC, a Pod that fails the
-restricted Pod Security level, args the binary does not accept, a CRD whose
-bounds disagree with the controller, dashboards and alerts querying metric
-names the code does not export.
+The e2e suite renders and applies the same files on a real apiserver
+(tests/e2e/test_overlay.py renders an overlay with `kubectl kustomize`); these
+catch the mistakes a reviewer would: wildcards or secrets in RBAC, a Pod that
+fails the restricted Pod Security level, args the binary does not accept (or a
+namespace baked into them), a CRD whose bounds disagree with the controller, a
+component patch that no longer fits the base, dashboards and alerts querying
+metric names the code does not export.
 """
 
 from __future__ import annotations
@@ -29,9 +31,21 @@ def load(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
 
 
+def kustomization(directory: str) -> dict:
+    return load(f"{directory}/kustomization.yaml")[0]
+
+
+def _is_kustomize_file(path: pathlib.Path) -> bool:
+    # kustomization.yaml, and JSON patches (lists of operations) under components/
+    return path.name == "kustomization.yaml" or "components" in path.parts and \
+        path.name.endswith("-patch.yaml")
+
+
 def all_docs() -> list[tuple[str, dict]]:
     docs = []
     for path in sorted(MANIFESTS.rglob("*.yaml")):
+        if _is_kustomize_file(path):
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
                 docs.append((str(path.relative_to(MANIFESTS)), doc))
@@ -50,33 +64,57 @@ def test_every_yaml_file_parses_into_kubernetes_objects():
     assert len(docs) >= 12
     for where, doc in docs:
         assert isinstance(doc, dict), where
-        if doc.get("kind") == "Kustomization":
-            continue
         assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name"), where
 
 
-def test_kustomization_installs_the_controller_and_nothing_optional():
-    kust = load("kustomization.yaml")[0]
-    resources = kust["resources"]
-    assert resources == ["namespace.yaml", "crd.yaml", "rbac.yaml", "deployment.yaml",
-                         "metrics-service.yaml"]
-    for name in resources:
-        assert (MANIFESTS / name).is_file()
-    # The sample cannot go with its CRD in one apply; the ServiceMonitor needs foreign CRDs.
-    assert "sample-my.yaml" not in resources and "servicemonitor.yaml" not in resources
-    assert "servicemonitor.yaml" in (MANIFESTS / "kustomization.yaml").read_text()  # documented
+def test_default_install_is_the_base_and_nothing_optional():
+    assert kustomization(".")["resources"] == ["base"]
+    base = kustomization("base")
+    assert base["resources"] == ["namespace.yaml", "crd.yaml", "rbac.yaml", "user-roles.yaml",
+                                 "deployment.yaml", "metrics-service.yaml"]
+    for name in base["resources"]:
+        assert (MANIFESTS / "base" / name).is_file()
+    # the base bakes no namespace transform in: overlays set it
+    assert "namespace" not in base and "namePrefix" not in base
+    # The sample cannot go with its CRD in one apply; ServiceMonitors need foreign CRDs.
+    text = (MANIFESTS / "kustomization.yaml").read_text()
+    for apart in ("samples/", "overlays/secure-metrics/", "monitoring/"):
+        assert apart in text                                   # documented, not installed
+
+
+def test_every_kustomization_references_what_exists():
+    for path in MANIFESTS.rglob("kustomization.yaml"):
+        kust = yaml.safe_load(path.read_text())
+        for entry in kust.get("resources", []) + kust.get("components", []):
+            target = (path.parent / entry).resolve()
+            assert target.exists(), (path, entry)
+            if target.is_dir():
+                assert (target / "kustomization.yaml").is_file(), (path, entry)
+                # kustomize refuses a base that contains the overlay (a cycle)
+                assert target not in path.parent.resolve().parents, (path, entry)
+        for patch in kust.get("patches", []):
+            assert (path.parent / patch["path"]).is_file(), (path, patch)
+        assert kust["kind"] == ("Component" if "components" in path.parts else "Kustomization")
+
+
+def test_samples_are_apart_and_valid():
+    assert kustomization("samples")["resources"] == ["my-foobar.yaml"]
+    my = one(load("samples/my-foobar.yaml"), "My", "foobar")
+    assert my["apiVersion"] == "mine.jp/v1" and my["metadata"]["namespace"] == "default"
+    assert my["spec"]["image"] == "postgres:16" and my["spec"]["port"] == 5432
+    assert controller.validate_my({**my, "metadata": {**my["metadata"], "uid": "u"}}) == []
 
 
 def test_namespaced_objects_live_in_the_controller_namespace():
     cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
     for where, doc in all_docs():
-        if doc["kind"] in cluster_scoped | {"Kustomization", "My"}:
+        if doc["kind"] in cluster_scoped | {"My"}:
             continue
         assert doc["metadata"].get("namespace") == NAMESPACE, (where, doc["kind"])
 
 
 def test_namespace_enforces_restricted_pod_security():
-    ns = one(load("namespace.yaml"), "Namespace")
+    ns = one(load("base/namespace.yaml"), "Namespace")
     assert ns["metadata"]["name"] == NAMESPACE
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
@@ -84,7 +122,8 @@ def test_namespace_enforces_restricted_pod_security():
 # ---------------------------------------------------------------------------
 # RBAC
 
-RBAC = load("rbac.yaml")
+RBAC = load("base/rbac.yaml")
+USER_ROLES = load("base/user-roles.yaml")
 
 
 def _rules():
@@ -105,7 +144,7 @@ def test_rbac_has_no_wildcards_secrets_pods_or_deletes():
 
 
 def _granted(role_name: str) -> dict[tuple[str, str], set[str]]:
-    role = next(d for d in RBAC if d["kind"] in ("ClusterRole", "Role")
+    role = next(d for d in RBAC + USER_ROLES if d["kind"] in ("ClusterRole", "Role")
                 and d["metadata"]["name"] == role_name)
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
@@ -116,7 +155,7 @@ def _granted(role_name: str) -> dict[tuple[str, str], set[str]]:
 
 
 def test_controller_role_is_exactly_what_the_code_uses():
-    # Keep in step with the table at the top of manifests/rbac.yaml.
+    # Keep in step with the table at the top of manifests/base/rbac.yaml.
     assert _granted("my-controller") == {
         ("mine.jp", "my"): {"get", "list", "watch"},
         ("mine.jp", "my/status"): {"patch"},
@@ -152,6 +191,25 @@ def test_bindings_point_at_the_service_account():
                      "my-controller-metrics-auth": "ClusterRole"}
 
 
+def test_user_roles_are_aggregated_into_the_built_in_ones():
+    editor, viewer = one(USER_ROLES, "ClusterRole", "my-editor"), \
+        one(USER_ROLES, "ClusterRole", "my-viewer")
+    assert {k: v for k, v in editor["metadata"]["labels"].items() if "aggregate" in k} == {
+        "rbac.authorization.k8s.io/aggregate-to-admin": "true",
+        "rbac.authorization.k8s.io/aggregate-to-edit": "true"}
+    assert {k: v for k, v in viewer["metadata"]["labels"].items() if "aggregate" in k} == {
+        "rbac.authorization.k8s.io/aggregate-to-view": "true"}
+    assert _granted("my-editor")[("mine.jp", "my")] == {
+        "get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+    # status is the controller's to write: users read it
+    assert _granted("my-editor")[("mine.jp", "my/status")] == {"get"}
+    assert all(verbs <= {"get", "list", "watch"} for verbs in _granted("my-viewer").values())
+    assert set(_granted("my-viewer")) == {("mine.jp", "my"), ("mine.jp", "my/status"),
+                                          ("mine.jp", "my/scale")}
+    for role in USER_ROLES:                        # nothing beyond My
+        assert all(rule["apiGroups"] == ["mine.jp"] for rule in role["rules"])
+
+
 def test_metrics_roles():
     assert _granted("my-controller-metrics-auth") == {
         ("authentication.k8s.io", "tokenreviews"): {"create"},
@@ -163,7 +221,7 @@ def test_metrics_roles():
 # ---------------------------------------------------------------------------
 # The controller Deployment
 
-DEPLOYMENT = one(load("deployment.yaml"), "Deployment", "my-controller")
+DEPLOYMENT = one(load("base/deployment.yaml"), "Deployment", "my-controller")
 POD = DEPLOYMENT["spec"]["template"]["spec"]
 (CONTAINER,) = POD["containers"]
 
@@ -193,7 +251,9 @@ def test_requests_and_limits():
 def test_args_are_accepted_by_the_binary_and_enable_leader_election():
     args = controller.build_parser().parse_args(CONTAINER.get("args", []))
     assert args.leader_elect is True
-    assert args.leader_election_namespace == NAMESPACE
+    # No namespace baked in: the Lease follows the Pod's namespace under any overlay.
+    assert args.leader_election_namespace is None
+    assert not any(NAMESPACE in arg for arg in CONTAINER["args"])
     assert args.metrics_bind_address.endswith(":8080")
     assert args.health_probe_bind_address.endswith(":8081")
     # The kubelet's SIGKILL must not cut the drain short.
@@ -212,7 +272,7 @@ def test_probes_and_ports():
 
 
 def test_metrics_service_selects_the_controller_pods():
-    svc = one(load("metrics-service.yaml"), "Service")
+    svc = one(load("base/metrics-service.yaml"), "Service")
     labels = DEPLOYMENT["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= labels.items()
     assert DEPLOYMENT["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -221,7 +281,7 @@ def test_metrics_service_selects_the_controller_pods():
     ann = svc["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8080"
     assert ann["prometheus.io/path"] == "/metrics"
-    monitor = one(load("servicemonitor.yaml"), "ServiceMonitor")
+    monitor = one(load("monitoring/servicemonitor.yaml"), "ServiceMonitor")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == port["name"]
 
@@ -229,7 +289,7 @@ def test_metrics_service_selects_the_controller_pods():
 # ---------------------------------------------------------------------------
 # CRD
 
-CRD = one(load("crd.yaml"), "CustomResourceDefinition", "my.mine.jp")
+CRD = one(load("base/crd.yaml"), "CustomResourceDefinition", "my.mine.jp")
 (VERSION,) = CRD["spec"]["versions"]
 SPEC_SCHEMA = VERSION["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
@@ -300,13 +360,6 @@ def test_crd_quantity_pattern_agrees_with_the_controller(value):
     except ValueError:
         ok = False
     assert bool(re.match(pattern, value)) == ok
-
-
-def test_sample_is_valid():
-    my = one(load("sample-my.yaml"), "My", "foobar")
-    assert my["apiVersion"] == "mine.jp/v1" and my["metadata"]["namespace"] == "default"
-    assert my["spec"]["image"] == "postgres:16" and my["spec"]["port"] == 5432
-    assert controller.validate_my({**my, "metadata": {**my["metadata"], "uid": "u"}}) == []
 
 
 # ---------------------------------------------------------------------------
@@ -421,3 +474,138 @@ def test_the_schemas_security_contexts_are_the_controllers():
         return {"boolean": bool, "integer": int, "string": str, "array": list}[schema["type"]]
     assert shape(props["podSecurityContext"]) == controller.POD_SECURITY_FIELDS
     assert shape(props["securityContext"]) == controller.CONTAINER_SECURITY_FIELDS
+
+
+# ---------------------------------------------------------------------------
+# The secure-metrics component, applied to the base here with a small RFC 6902
+# applier (the e2e test renders it with kubectl's kustomize on top of this).
+
+def json_patch(doc: dict, ops: list[dict]) -> dict:
+    doc = json.loads(json.dumps(doc))
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~")
+                          for p in op["path"].lstrip("/").split("/")]
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if op["op"] == "test":
+            current = node[int(last)] if isinstance(node, list) else node[last]
+            assert current == op["value"], (op, current)
+        elif op["op"] == "add" and isinstance(node, list):
+            node.insert(len(node) if last == "-" else int(last), op["value"])
+        elif op["op"] in ("add", "replace"):
+            if isinstance(node, list):
+                node[int(last)] = op["value"]
+            else:
+                assert op["op"] == "add" or last in node, op
+                node[last] = op["value"]
+        else:
+            raise AssertionError(f"op {op['op']} not handled by this test")
+    return doc
+
+
+COMPONENT = "components/secure-metrics"
+
+
+def _patched(kind: str, doc: dict) -> dict:
+    kust = kustomization(COMPONENT)
+    (patch,) = [p for p in kust["patches"] if p["target"]["kind"] == kind]
+    assert patch["target"]["name"] == doc["metadata"]["name"]
+    return json_patch(doc, load(f"{COMPONENT}/{patch['path']}")[0])
+
+
+def test_secure_metrics_component_serves_https_on_8443_with_a_mounted_certificate():
+    assert kustomization("overlays/secure-metrics")["components"] == [f"../../{COMPONENT}"]
+    deployment = _patched("Deployment", DEPLOYMENT)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = controller.build_parser().parse_args(container["args"])
+    assert args.metrics_secure and args.metrics_bind_address.endswith(":8443")
+    assert args.leader_elect and args.leader_election_namespace is None
+    (mount,) = container["volumeMounts"]
+    assert args.metrics_cert_dir == mount["mountPath"] and mount["readOnly"] is True
+    (volume,) = pod["volumes"]
+    assert volume["name"] == mount["name"] and set(volume) == {"name", "secret"}  # restricted PSS
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"https": 8443, "health": 8081}
+
+    service = _patched("Service", one(load("base/metrics-service.yaml"), "Service"))
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (8443, "https")
+    ann = service["metadata"]["annotations"]
+    assert (ann["prometheus.io/port"], ann["prometheus.io/scheme"]) == ("8443", "https")
+
+    monitor = one(load(f"{COMPONENT}/servicemonitor.yaml"), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "https" and endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"]["name"] == volume["secret"]["secretName"]
+    assert endpoint["tlsConfig"]["serverName"] == \
+        f"{service['metadata']['name']}.{NAMESPACE}.svc"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        service["metadata"]["labels"].items()
+    # scrapers need the reader role; the controller may review tokens (base RBAC)
+    assert one(RBAC, "ClusterRole", "my-controller-metrics-reader")
+    assert ("authentication.k8s.io", "tokenreviews") in _granted("my-controller-metrics-auth")
+
+
+def test_secure_metrics_patch_refuses_a_reordered_base():
+    reordered = json.loads(json.dumps(DEPLOYMENT))
+    reordered["spec"]["template"]["spec"]["containers"][0]["args"].reverse()
+    with pytest.raises(AssertionError):
+        _patched("Deployment", reordered)
+
+
+# ---------------------------------------------------------------------------
+# The dashboard is scoped to this operator; the README's metrics table is the code's
+
+def _selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, label matchers) for each vector selector in `expr`."""
+    return re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr)
+
+
+def test_dashboard_queries_only_this_operator():
+    dash = json.loads((MANIFESTS / "monitoring" / "dashboard.json").read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    for name in ("job", "namespace"):
+        query = variables[name]["query"]["query"]
+        assert 'my_controller_build_info{manager="my-controller"' in query, query
+        # "All" = the values found, never ".*" (which sums every job Prometheus scrapes)
+        assert variables[name].get("allValue") in (None, ""), name
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    for expr in exprs:
+        selectors = _selectors(expr)
+        assert selectors, expr
+        for metric, matchers in selectors:
+            assert 'job=~"$job"' in matchers and 'namespace=~"$namespace"' in matchers, expr
+            if metric.startswith("controller_runtime_"):
+                assert 'controller="my"' in matchers, expr
+            if metric.startswith("workqueue_"):
+                assert 'controller="my"' in matchers and 'name="my"' in matchers, expr
+            if metric.startswith("leader_election_"):
+                assert 'name="my-controller"' in matchers, expr
+
+
+def _readme_metrics_table() -> dict[str, set[str]]:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Metrics"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = re.findall(r"^\| `([a-z0-9_:]+)` \| ([^|]*) \|", section, re.M)
+    return {name: {x.strip() for x in labels.split(",") if x.strip() and x.strip() != "-"}
+            for name, labels in rows}
+
+
+def test_readme_metrics_table_is_what_the_code_exports():
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.init_controller("my", 4)
+    metrics.init_resource("my.mine.jp")
+    metrics.init_leader("my-controller")
+    metrics.build_info.info({"version": "0.1.0", "manager": "my-controller"})
+    metrics.rest_client_requests_total.labels("200", "GET", "h")
+    metrics.rest_client_request_duration_seconds.labels("GET", "h")
+    exported = {}
+    for family in registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "") + \
+            ("_info" if family.type == "info" else "")
+        exported[name] = set().union(*(set(s.labels) - {"le"} for s in family.samples))
+    assert _readme_metrics_table() == exported

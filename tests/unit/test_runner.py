@@ -193,31 +193,25 @@ def test_a_failing_key_is_retried_with_backoff_while_others_flow(h, caplog):
     assert runner.queue.num_requeues("bad") == 2
     assert h.total("success") == 20 and h.total("error") == 2
     assert h.value("controller_runtime_reconcile_errors_total") == 2
-    assert h.value("controller_runtime_reconcile_panics_total") == 2    # a ValueError is a bug
+    assert h.value("controller_runtime_reconcile_panics_total") == 0    # an error, not a bug
     assert runner.threads_alive()                                        # the workers survived
-    failures = [r for r in caplog.records if "bad" in r.getMessage()]
+    failures = [r for r in caplog.records if r.getMessage() == "Reconciler error"]
     assert len(failures) == 2
     assert failures[0].exc_info and failures[0].exc_info[0] is ValueError
     assert "Traceback" in caplog.text and "boom" in caplog.text
 
 
-def test_an_api_error_is_an_error_but_not_a_panic(h):
-    def behaviour(key, attempt):
-        if attempt == 0:
-            raise ConflictError(409, "stale resourceVersion")
-
+def run_keys(h: Harness, behaviour, keys=("a",), **kwargs) -> tuple[Reconciler, Runner]:
+    """Reconcile `keys` once each with `behaviour`, and wait until the runner is idle."""
     reconcile = Reconciler(behaviour)
-    runner = h.make(reconcile)
-    runner.queue.add("a")
+    runner = h.make(reconcile, **kwargs)
+    for key in keys:
+        runner.queue.add(key)
     runner.start()
-    reconcile.wait_for("a")
+    for key in keys:
+        reconcile.wait_for(key)
     idle(runner)
-    assert h.value("controller_runtime_reconcile_errors_total") == 1
-    assert h.value("controller_runtime_reconcile_panics_total") == 0
-    h.advance(runner, 1.0)
-    reconcile.wait_for("a", 2)
-    idle(runner)
-    assert h.total("success") == 1
+    return reconcile, runner
 
 
 def test_terminal_error_is_counted_and_not_retried(h, caplog):
@@ -240,6 +234,61 @@ def test_terminal_error_is_counted_and_not_retried(h, caplog):
     assert "spec.port out of range" in caplog.text
     assert nothing_pending(h, runner)
     assert reconcile.count("a") == 1
+
+
+class _OwnError(Exception):
+    pass
+
+
+# What Python raises where Go would panic is a panic; what a reconcile reports is an error.
+@pytest.mark.parametrize("raised, panic", [
+    (AttributeError("'NoneType' object has no attribute 'get'"), True),   # nil dereference
+    (KeyError("spec"), True), (IndexError("list index out of range"), True),
+    (TypeError("unsupported operand"), True),                            # type assertion
+    (ZeroDivisionError("division by zero"), True), (AssertionError("invariant"), True),
+    (RecursionError("maximum recursion depth exceeded"), True),          # stack overflow
+    (NameError("name 'x' is not defined"), True), (NotImplementedError(), True),
+    (ValueError("not a quantity"), False), (OSError("connection reset"), False),
+    (RuntimeError("a state, not a bug"), False), (_OwnError("reported"), False),
+    (ConflictError(409, "stale"), False), (TerminalError("bad spec"), False),
+])
+def test_panics_are_bugs_not_reported_errors(h, raised, panic):
+    def behaviour(key, attempt):
+        if attempt == 0:
+            raise raised
+
+    reconcile, runner = run_keys(h, behaviour)
+    assert h.value("controller_runtime_reconcile_errors_total") == 1
+    assert h.value("controller_runtime_reconcile_panics_total") == (1 if panic else 0)
+    if not isinstance(raised, TerminalError):       # either way retried, with backoff
+        h.advance(runner, 1.0)
+        reconcile.wait_for("a", 2)
+        idle(runner)
+        assert h.total("success") == 1
+
+
+def test_a_failure_past_the_reconcile_timeout_counts_as_a_timeout(h):
+    def behaviour(key, attempt):
+        if attempt > 0:
+            return None                 # the retries (due as the clock moved) succeed at once
+        h.clock.advance({"slow-fail": 6.0, "fast-fail": 1.0, "slow-ok": 6.0}[key])
+        if key.endswith("fail"):
+            raise OSError("deadline")
+
+    run_keys(h, behaviour, ("slow-fail", "fast-fail", "slow-ok"), reconcile_timeout_seconds=5.0)
+    # controller-runtime counts an error returned after the deadline; a slow success is not one
+    assert h.value("controller_runtime_reconcile_timeouts_total") == 1
+    assert h.value("controller_runtime_reconcile_errors_total") == 2
+
+
+def test_no_reconcile_timeout_counts_nothing(h):
+    def behaviour(key, attempt):
+        h.clock.advance(1e6)
+        raise OSError("slow")
+
+    run_keys(h, behaviour)
+    assert h.registry.get_sample_value("controller_runtime_reconcile_timeouts_total",
+                                       {"controller": "ctl"}) == 0
 
 
 def test_a_reconcile_returning_something_else_is_a_bug(h):
@@ -382,7 +431,7 @@ def test_a_broken_log_context_does_not_kill_the_worker(h):
 
     def log_context(controller, key, reconcile_id):
         called.set()
-        raise RuntimeError("bad formatter")
+        raise TypeError("bad formatter")
 
     reconcile = Reconciler()
     runner = h.make(reconcile, log_context=log_context)

@@ -359,7 +359,10 @@ def test_a_forgotten_key_counts_failures_from_scratch(clock):
 # -- metrics ------------------------------------------------------------------------------------
 
 def sample(registry, name, queue_name="q"):
-    return registry.get_sample_value(name, {"name": queue_name, "controller": queue_name})
+    labels = {"name": queue_name, "controller": queue_name}
+    if name == "workqueue_depth":
+        labels["priority"] = ""
+    return registry.get_sample_value(name, labels)
 
 
 def test_metrics(clock):
@@ -397,6 +400,30 @@ def test_metrics(clock):
     clock.advance(1.0)
     assert take(q) == "a"
     assert sample(registry, "workqueue_adds_total") == 3
+
+
+def test_every_delayed_or_rate_limited_add_is_a_retry(clock):
+    # client-go's delaying queue counts a retry on every AddAfter (controller-runtime's
+    # requeue_after results included), and AddRateLimited goes through AddAfter.
+    registry = CollectorRegistry()
+    q = WorkQueue("q", clock=clock, metrics=Metrics(registry))
+    q.add("a")
+    assert sample(registry, "workqueue_retries_total") == 0
+    q.add_after("a", 30.0)
+    q.add_after("b", 0)
+    q.add_rate_limited("c")
+    assert sample(registry, "workqueue_retries_total") == 3
+    q.shutdown(drain=False)
+    q.add_after("d", 1.0)                   # after shutdown: dropped, not counted
+    assert sample(registry, "workqueue_retries_total") == 3
+
+
+def test_depth_carries_controller_runtimes_priority_label(clock):
+    registry = CollectorRegistry()
+    q = WorkQueue("q", clock=clock, metrics=Metrics(registry))
+    q.add("a")
+    assert registry.get_sample_value("workqueue_depth", {"name": "q", "controller": "q",
+                                                         "priority": ""}) == 1
 
 
 def test_metrics_of_a_collected_queue_read_zero(clock):
