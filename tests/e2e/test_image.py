@@ -20,6 +20,7 @@ import configparser
 import json
 import pathlib
 import signal
+import subprocess
 
 import pytest
 import yaml
@@ -165,3 +166,28 @@ def test_the_image_runs_as_a_pod_does(control_plane, api, namespace, image, tmp_
     assert not above_info, output[-4000:]
     assert "Traceback" not in output
     assert token not in output
+
+
+@pytest.mark.parametrize("img", ["registry.example.com:5000/team/my-controller:1.2",
+                                 "registry.example.com/my-controller@sha256:" + "ab" * 32])
+def test_make_deploy_points_the_controller_at_img(control_plane, api, img):
+    """`make deploy IMG=...` applies the manifests with the controller's image
+    replaced through kustomize's `images:`, and nothing else changed."""
+    kubectl = f"{control_plane.binaries.kubectl} --kubeconfig {control_plane.admin_kubeconfig}"
+    try:
+        proc = subprocess.run(["make", "-s", "deploy", f"IMG={img}", f"KUBECTL={kubectl}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        deployment = api.get(DEPLOYMENTS, "my-controller", namespace=SYSTEM_NS)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == img
+        assert "--leader-elect" in container["args"]              # the manifests' own, kept
+    finally:
+        install_manifests(control_plane)                       # back to the plain manifests
+
+
+def test_make_deploy_without_img_says_how():
+    proc = subprocess.run(["make", "-s", "deploy"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0
+    assert "usage: make deploy IMG=" in proc.stderr
