@@ -56,7 +56,8 @@ test: $(VENV)/.installed testbin $(HADOLINT) $(IMAGE_ARCHIVE) ## unit + integrat
 demo: $(VENV)/.installed ## run the operator: local control plane (or $$KUBECONFIG), manifests, sample; Ctrl-C ends
 	$(VENV)/bin/python -m tests.support.demo
 
-bench: $(VENV)/.installed testbin ## every benchmark in bench/, results in bench/RESULTS.md
+bench: $(VENV)/.installed testbin $(IMAGE_ARCHIVE) ## every benchmark in bench/, results in bench/RESULTS.md
+	$(SUDO) $(VENV)/bin/python bench/image_footprint.py --write
 	$(VENV)/bin/python bench/watch_decode.py
 	$(VENV)/bin/python bench/pipeline.py
 	$(VENV)/bin/python bench/converge.py --idle-seconds 30
