@@ -74,8 +74,8 @@ image-tools: ## podman, mmdebstrap, umoci from Debian's mirrors (only those miss
 	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
 	if [ -n "$$missing" ]; then \
 		echo "# installing $$missing (apt-get)"; \
-		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			$(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 # Rebuilt only when an input changes; debs and wheels are cached in ~/.cache.
