@@ -15,7 +15,8 @@
 #   4. OUT/rootfs.tar (sorted, fixed mtimes, numeric owners), `podman build` of
 #      the Dockerfile's final stage with `ADD rootfs.tar /` for its COPY (FROM
 #      scratch, no RUN: no registry needed), `podman save --format
-#      oci-archive` to OUT/my-controller-VERSION.oci.tar, sizes printed.
+#      oci-archive` to OUT/my-controller-VERSION.oci.tar; its sizes go to
+#      OUT/image.txt (`make image` prints it).
 #
 # Needs root (mmdebstrap's root mode, chroot), mmdebstrap, podman, and a pip
 # ($PIP, default the project's .venv). Environment: IMAGE (tag), PODMAN (command).
@@ -123,4 +124,4 @@ uncompressed=$(stat -c %s "$OUT/rootfs.tar")
 layer=$(tar -tvf "$archive" | awk '$3 > max && $6 ~ /^blobs/ {max = $3} END {print max}')
 awk -v img="$IMAGE" -v u="$uncompressed" -v c="$layer" -v a="${archive#"$ROOT"/}" 'BEGIN {
     printf "%s: %.1f MB uncompressed (%d bytes), %.1f MB compressed (the gzip layer of %s)\n",
-           img, u / 1e6, u, c / 1e6, a }' | tee "$OUT/image.txt"
+           img, u / 1e6, u, c / 1e6, a }' > "$OUT/image.txt"
