@@ -89,12 +89,12 @@ if ! "$PIP" install -q --disable-pip-version-check --no-index --find-links="$CAC
 fi
 rm -rf "$ROOTFS/$SITE/bin"
 
-# ---- 3. strip, assemble ---------------------------------------------------------------
+# ---- 3. strip, assemble ----------------------------------------------------
 say "removing ${#DROPPED[@]} dropped packages and image/strip.list"
 while read -r deb; do
     package=$(dpkg-deb -f "$CACHE/debs/$deb" Package)
     printf '%s\n' "${DROPPED[@]}" | grep -qxF "$package" || continue
-    # Files and links only; directories are pruned below once empty.
+    # Files and links only; assemble.sh prunes the directories left empty.
     dpkg-deb --fsys-tarfile "$CACHE/debs/$deb" | tar -t | grep -v '/$' | sed 's|^\./||' |
         while read -r path; do rm -f "$ROOTFS/$path"; done
 done < "$OUT/debs.list"
