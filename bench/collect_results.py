@@ -7,7 +7,7 @@ versions and date; this only puts them together, in a fixed order.
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "leader", "footprint",
+SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "leader", "image", "footprint",
             "controlplane"]
 
 

@@ -1,4 +1,4 @@
-"""The Dockerfile's install step, in a clean virtualenv (no Docker daemon needed).
+"""pip install of the package in a clean virtualenv (how it installs outside the image).
 
 Builds the wheels from the repository, installs them into a fresh venv from
 those wheels only, and checks that exactly our package and its two runtime
