@@ -377,6 +377,10 @@ class Watcher:
             next_state = self._state
             while True:
                 inp = self._perform(actions, next_state, stop)
+                # Drop the transition (and the error a Restart carries) before
+                # blocking on the wire: an exception keeps its traceback's frames
+                # and their buffers alive, here for the whole next watch.
+                actions = None
                 if stop.is_set():
                     return
                 if inp is None:
