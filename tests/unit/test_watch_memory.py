@@ -85,7 +85,9 @@ def test_fifty_bad_lines_in_a_row_leave_memory_where_it_was(traced, make_error):
         del err, dec
     # Each line is freed when its error and decoder are dropped: nothing accumulates.
     assert traced() < 1, f"{traced():.1f} MiB still allocated after {LINES} bad lines"
-    assert max(held) < 40, f"up to {max(held):.1f} MiB while one error was held"
+    # While one error is alive its frames may name the line, its copy and its
+    # text (3 x 16 MiB at most): bounded by one line, never by the count.
+    assert max(held) < 56, f"up to {max(held):.1f} MiB while one error was held"
 
 
 def test_a_held_oversize_error_does_not_hold_its_buffer(traced):
