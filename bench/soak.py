@@ -289,6 +289,7 @@ def operator_writes(audit_path: Path, names: set[str]) -> collections.Counter:
 
 
 def run(args: argparse.Namespace) -> dict:
+    meta = _meta(args)          # at the start: the code that ran, not what HEAD is at the end
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="my-controller-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"soak: audit log, operator log and kubeconfig in {work}", flush=True)
@@ -356,7 +357,7 @@ def run(args: argparse.Namespace) -> dict:
         injected_410 = {r: proxy.injected_on[("gone_event", r)] + proxy.injected_on[("gone_watch", r)]
                         for r in ("my", "deployments", "services")}
         return {
-            "meta": _meta(args),
+            "meta": meta,
             "settings": {k: str(v) if isinstance(v, Path) else v
                          for k, v in vars(args).items() if k not in ("markdown",)},
             "load": dict(load.counts),
