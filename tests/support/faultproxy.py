@@ -39,6 +39,7 @@ import collections
 import http.client
 import json
 import queue
+import select
 import socket
 import ssl
 import struct
@@ -86,6 +87,14 @@ def _shut(sock: socket.socket | None) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
+    except (OSError, ValueError):
+        return True
 
 
 def _reset(sock: socket.socket) -> None:
@@ -404,6 +413,10 @@ class FaultProxy:
             self.open_watches[resource] += 1
         try:
             while not self._stop.is_set():
+                # A watch client never sends: readable means it hung up (or was
+                # cut by refuse()). Such a relay must not take the next fault.
+                if _hung_up(sock):
+                    return
                 armed = self._take(STREAM_FAULTS, resource)
                 if armed is not None:
                     _shut(upstream.sock)
