@@ -269,23 +269,56 @@ def check(client) -> dict:
             "children_missing": sorted(missing), "orphans": orphans}
 
 
-def operator_writes(audit_path: Path, names: set[str]) -> collections.Counter:
-    """The operator's writes on Deployments named in `names`, by verb, from the audit log."""
-    counts: collections.Counter = collections.Counter()
+def audit_figures(audit_path: Path, stable: list[str], repairs: int) -> dict:
+    """Operator writes from the apiserver's audit log (the operator's requests carry its own
+    User-Agent through the proxy; the load generator's carry BENCH_USER_AGENT).
+
+    - writes per repair: every write on the Deployments of the stable `My`s
+      (never updated by the load) beyond their first creation, per out-of-band delete;
+    - writes on the children of a `My` after the load deleted that `My`: a stale
+      cache fighting the garbage collector (the issue's "vanished child" loop).
+    """
+    stable_set = set(stable)
+    stable_writes: collections.Counter = collections.Counter()
+    my_deleted_at: dict[str, str] = {}
+    child_writes: list[tuple[str, str, str]] = []     # (time, name, "verb resource")
     with open(audit_path, "rb") as f:
         for line in f:
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if (event.get("user") or {}).get("username") != OPERATOR_USER or \
-                    (event.get("userAgent") or "").startswith(BENCH_USER_AGENT):
+            if (event.get("user") or {}).get("username") != OPERATOR_USER:
                 continue
             ref = event.get("objectRef") or {}
-            if event.get("verb") in WRITE_VERBS and ref.get("resource") == "deployments" and \
-                    not ref.get("subresource") and ref.get("name") in names:
-                counts[event["verb"]] += 1
-    return counts
+            verb, name, resource = event.get("verb"), ref.get("name"), ref.get("resource")
+            if verb not in WRITE_VERBS or ref.get("subresource") or not name:
+                continue
+            at = event.get("requestReceivedTimestamp", "")
+            if (event.get("userAgent") or "").startswith(BENCH_USER_AGENT):
+                if resource == "my" and verb == "delete":
+                    my_deleted_at.setdefault(name, at)
+                continue
+            if resource == "deployments" and name in stable_set:
+                stable_writes[verb] += 1
+            if resource in ("deployments", "services"):
+                child_writes.append((at, name, f"{verb} {resource}"))
+    after_delete = collections.Counter()
+    owners = set()
+    for at, name, what in child_writes:
+        # RFC 3339 timestamps of one clock, same format: they compare as strings.
+        if name in my_deleted_at and at > my_deleted_at[name]:
+            after_delete[what] += 1
+            owners.add(name)
+    return {
+        "stable_deployment_writes": dict(stable_writes),
+        # Each stable My's Deployment was created once; every other write is repair work.
+        "writes_per_repair": ((sum(stable_writes.values()) - len(stable)) / repairs
+                              if repairs else None),
+        "writes_after_owner_deleted": dict(after_delete),
+        "mys_with_writes_after_delete": len(owners),
+        "mys_deleted": len(my_deleted_at),
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -351,7 +384,6 @@ def run(args: argparse.Namespace) -> dict:
         sampler.stop()
         metrics = scrape(operator.metrics_port)
         exit_code = operator.stop()
-        stable_writes = operator_writes(work / "audit.log", set(load.stable))
         repairs = len(load.repairs)
         relists = {k: v for k, v in metrics.items() if k.startswith("k8s_http_informer_relists")}
         injected_410 = {r: proxy.injected_on[("gone_event", r)] + proxy.injected_on[("gone_watch", r)]
@@ -376,11 +408,8 @@ def run(args: argparse.Namespace) -> dict:
             "relists": relists,
             "metrics": metrics,
             "repairs": repairs,
-            # Each stable My was created once (1 create of its Deployment); every
-            # other write on those Deployments is repair work.
-            "stable_deployment_writes": dict(stable_writes),
-            "writes_per_repair": ((sum(stable_writes.values()) - len(load.stable)) / repairs
-                                  if repairs else None),
+            "audit_log": str(work / "audit.log"),
+            **audit_figures(work / "audit.log", load.stable, repairs),
             "proxy_requests": dict(proxy.requests),
         }
     finally:
@@ -488,6 +517,11 @@ def markdown(data: dict) -> str:
         + ("n/a" if data["writes_per_repair"] is None else f"**{data['writes_per_repair']:.2f}**")
         + f" ({data['repairs']} repairs; writes on those Deployments: "
         f"{data['stable_deployment_writes']}) | 1 |",
+        f"| operator writes on the children of a `My` after it was deleted (stale cache vs "
+        f"the garbage collector) | **{sum(data.get('writes_after_owner_deleted', {}).values())}**"
+        f" on {data.get('mys_with_writes_after_delete', 'n/a')} of "
+        f"{data.get('mys_deleted', 'n/a')} deleted `My`s "
+        f"({data.get('writes_after_owner_deleted', {})}) | 0 |",
         f"| exit code on SIGTERM at the end | {proc['exit_code_on_sigterm']} | 0 |",
         "",
         "Faults applied by the proxy (times): "
@@ -534,6 +568,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"do not write {RESULTS_MD.name}")
     p.add_argument("--from-json", type=Path, default=None,
                    help="only write the markdown from an earlier run's JSON")
+    p.add_argument("--audit-log", type=Path, default=None,
+                   help="with --from-json: recompute the audit-log figures from this file")
     return p.parse_args(argv)
 
 
@@ -541,6 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json:
         data = json.loads(args.from_json.read_text())
+        if args.audit_log:
+            stable = [f"stable-{i:03d}" for i in range(data["settings"]["stable"])]
+            data.update(audit_figures(args.audit_log, stable, data["repairs"]),
+                        audit_log=str(args.audit_log))
+            args.from_json.write_text(json.dumps(data, indent=1) + "\n")
     else:
         data = run(args)
         args.out.parent.mkdir(parents=True, exist_ok=True)
