@@ -18,7 +18,7 @@ from .backoff import Backoff
 from .metrics import Metrics
 from .objects import ObjectKey, Resource, controller_of, key_of, strip_managed_fields
 from .store import Store
-from .watcher import STALL_TIMEOUT_SECONDS, Watcher
+from .watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY, Watcher
 
 __all__ = ["Informer", "Mapper", "own_key", "owner_key"]
 
@@ -53,11 +53,17 @@ def owner_key(kind: str, api_group: str = "") -> Mapper:
 class Informer:
     """A cache of one resource kept current by list+watch, fanning changes out to queues.
 
-    Health (`is_healthy`, for /healthz): every watcher thread is alive, and each
+    Health (`is_healthy`, for /healthz): every watcher thread is alive; each
     watcher's loop has turned within twice its current watch timeout
-    (timeoutSeconds, 300-600 s, so 600-1200 s). The loop turns on progress (an
-    event, a bookmark, a list, a clean reconnect) and on a failure it is about
-    to retry (a drop, a stall, a 403, a refused connection).
+    (timeoutSeconds, 300-600 s, so 600-1200 s); and no watch has gone
+    STALLS_UNHEALTHY (3) stall periods in a row without progress. The loop turns
+    on progress (an event, a bookmark, a list, a clean reconnect) and on a
+    failure it is about to retry (a drop, a stall, a 403, a refused connection).
+    A stall is a watch whose connection succeeded (200 and headers) and that
+    then delivered no complete event for the stall timeout; the count is
+    cleared only by an event, a bookmark or a successful list
+    (`Watching.stalls`), so a watch that reconnects fine and never gets data is
+    not kept green by its own retries.
 
     Why both: liveness is there to catch what a restart cures, a wedged thread
     (a handler that never returns, a read that never times out). A healthy watch
@@ -67,7 +73,11 @@ class Informer:
     apiserver outage or a missing RBAC rule, must not fail liveness: the kubelet
     would throw away the warm cache and the process would not "stay up" as
     RELIABILITY.md asks. Those show up in /readyz (until the first list) and in
-    k8s_http_watch_restarts_total.
+    k8s_http_watch_restarts_total. A watch that stalls on every reconnect is
+    different: the connection works, the data never comes, and nothing suggests
+    it ever will (a wedged apiserver watch cache, a proxy that buffers); a new
+    process gets a new connection, perhaps to another apiserver, and the alert
+    MyControllerWatchStalled fires on k8s_http_watch_stalls >= 3.
     """
 
     def __init__(self, client, resource: Resource, *, namespaces: list[str] | None = None,
@@ -107,6 +117,9 @@ class Informer:
                 backoff=backoff_factory() if backoff_factory else None,
                 list_transform=transform)
         self._threads: dict[str | None, threading.Thread] = {}
+        # Read at scrape time. One informer per resource in practice (the
+        # manager keys them by resource and label selector).
+        self._metrics.watch_stalls.labels(self._label).set_function(self.stalls)
 
     def __repr__(self) -> str:
         return f"<Informer {self._label} namespaces={list(self._watchers)}>"
@@ -229,6 +242,10 @@ class Informer:
         """Every watcher has finished its initial list."""
         return all(w.has_synced for w in self._watchers.values())
 
+    def stalls(self) -> int:
+        """The most stall periods in a row, without progress, of any of this informer's watches."""
+        return max(w.stalls for w in self._watchers.values())
+
     def is_healthy(self, *, now: float | None = None) -> tuple[bool, str]:
         now = self._clock() if now is None else now
         if not self._started:
@@ -246,6 +263,9 @@ class Informer:
             if idle > deadline:
                 problems.append(f"{where}: watch loop stuck: no progress or retry for "
                                 f"{idle:.0f} s (limit {deadline:.0f} s)")
+            elif watcher.stalls >= STALLS_UNHEALTHY:
+                problems.append(f"{where}: watch stalled {watcher.stalls} times in a row "
+                                f"(connected, then silent; no event, bookmark or list since)")
         if problems:
             return False, "; ".join(problems)
         return True, "ok"

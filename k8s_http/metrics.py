@@ -164,6 +164,11 @@ class Metrics:
         self.cache_objects = Gauge(
             "k8s_http_cache_objects", "Objects held in an informer's cache", ["resource"],
             registry=r)
+        self.watch_stalls = Gauge(
+            "k8s_http_watch_stalls",
+            "Stall periods in a row (an open watch silent for 90 s) without an event, bookmark "
+            "or list, for the most stalled watch of a resource; /healthz fails at 3",
+            ["resource"], registry=r)
         self.watch_decode_errors_total = Counter(
             "k8s_http_watch_decode_errors_total",
             "Malformed watch input (framing, JSON, oversize lines, unknown events)",
@@ -205,6 +210,7 @@ class Metrics:
             self.watch_decode_errors_total.labels(resource, kind)
         self.informer_relists_total.labels(resource)
         self.cache_objects.labels(resource).set(0)
+        self.watch_stalls.labels(resource).set(0)
 
     def init_leader(self, lease_name: str) -> None:
         self.leader_election_master_status.labels(lease_name).set(0)

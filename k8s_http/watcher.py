@@ -18,6 +18,10 @@ The rules are client-go's reflector, with kube-rs's "a disconnect re-watches":
   version" relists with RV="". After a relist the store is replaced, and objects
   that vanished are delivered as DELETED.
 * Any other error (403, 5xx, ...) backs off and tries again, for ever.
+* An open watch that goes silent for the stall timeout is reopened like a drop,
+  and counted: `Watching.stalls` is the number of stall periods in a row with no
+  progress (event, bookmark or successful list). Other failures neither add to
+  it nor clear it; liveness fails at STALLS_UNHEALTHY (see informer.py).
 * BOOKMARK moves the RV and is never delivered.
 * The RV advances only once an event has been delivered; malformed input never
   advances it.
@@ -53,6 +57,7 @@ __all__ = [
     # the machine
     "step", "resume", "Watcher",
     "MIN_WATCH_TIMEOUT_SECONDS", "MAX_WATCH_TIMEOUT_SECONDS", "STALL_TIMEOUT_SECONDS",
+    "STALLS_UNHEALTHY",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,6 +69,9 @@ MAX_WATCH_TIMEOUT_SECONDS = 600
 # The apiserver sends a bookmark about every 60 s on a quiet watch; 90 s of no
 # complete event means the connection is dead even if the socket says otherwise.
 STALL_TIMEOUT_SECONDS = 90.0
+# /healthz fails once a watch has gone this many stall periods in a row
+# without progress while its connections succeed (SPEC.md section 4).
+STALLS_UNHEALTHY = 3
 
 DELIVERED_TYPES = ("ADDED", "MODIFIED", "DELETED")
 
@@ -86,10 +94,15 @@ class Watching:
     `failures`: watch attempts in a row that ended without progress (no event,
     no bookmark); 0 after any progress. It decides when a re-watch backs off.
     `progressed`: the current watch has delivered an event or a bookmark.
+    `stalls`: watches in a row that opened and then went silent for the stall
+    timeout, with no progress since; only an event, a bookmark or a list
+    (which leaves this state) clears it, so a refused connection, a 5xx or a
+    clean close between two stalls neither counts nor hides them.
     """
     resource_version: str
     failures: int = 0
     progressed: bool = False
+    stalls: int = 0
 
 
 State = Union[Listing, Watching]
@@ -251,7 +264,7 @@ def _step_watching(state: Watching, inp: Input) -> tuple[list[Action], State]:
         actions: list[Action] = [Restart("timeout"), Progress()]
         if failures >= 2:
             actions.append(Sleep())
-        return actions + [Watch(rv)], Watching(rv, failures)
+        return actions + [Watch(rv)], Watching(rv, failures, stalls=state.stalls)
     if isinstance(inp, Failed):
         if inp.reason == "gone":
             # Our RV was compacted away: relist not older than it (410 again -> RV="").
@@ -260,13 +273,14 @@ def _step_watching(state: Watching, inp: Input) -> tuple[list[Action], State]:
             return [Restart("too_large_rv", inp.error), List("")], Listing("")
         failures = 0 if state.progressed else state.failures
         failures += 1
+        stalls = state.stalls + (inp.reason == "stall")
         actions = [Restart(inp.reason, inp.error)]
         # A drop after progress re-watches at once; repeated failures back off. The
         # server answering with an error status always backs off: asking again at
         # once would get the same answer.
         if failures >= 2 or inp.reason == "error":
             actions.append(Sleep())
-        return actions + [Watch(rv)], Watching(rv, failures)
+        return actions + [Watch(rv)], Watching(rv, failures, stalls=stalls)
     raise TypeError(f"{type(inp).__name__} while watching")
 
 
@@ -361,6 +375,12 @@ class Watcher:
     def state(self) -> State:
         return self._state
 
+    @property
+    def stalls(self) -> int:
+        """Stall periods in a row without progress (0 while listing: a list clears it)."""
+        state = self._state
+        return state.stalls if isinstance(state, Watching) else 0
+
     def __repr__(self) -> str:
         where = self._namespace or "all namespaces"
         return f"<Watcher {self._label} in {where} {self._state!r}>"
@@ -377,6 +397,10 @@ class Watcher:
             next_state = self._state
             while True:
                 inp = self._perform(actions, next_state, stop)
+                # Drop the transition (and the error a Restart carries) before
+                # blocking on the wire: an exception keeps its traceback's frames
+                # and their buffers alive, here for the whole next watch.
+                actions = None
                 if stop.is_set():
                     return
                 if inp is None:
@@ -475,7 +499,14 @@ class Watcher:
                 timeout_seconds=self.watch_timeout_seconds,
                 stall_timeout_seconds=self._stall_timeout_seconds)
         except Exception as err:
-            return failure(err)
+            inp = failure(err)
+            if inp.reason == "stall":
+                # No connection or no response headers in time: an apiserver we
+                # cannot reach, which a restart does not cure. "stall" is kept for
+                # an open watch that goes silent (the only kind that counts toward
+                # liveness).
+                inp = Failed("disconnect", err)
+            return inp
         with self._stream_lock:
             self._stream = stream
             stopping = self._stopping

@@ -16,6 +16,14 @@ search stopped, so a huge chunk or line arriving one byte at a time costs
 O(n) in total, and both cap what they buffer, so a hostile or broken server
 cannot make the process grow without bound. After a decoder has raised, the
 stream is unusable: every later call raises again.
+
+Neither decoder keeps the exception it raised, only its text. An exception
+carries its traceback, whose frames hold `self` and the buffer as locals: a
+decoder referring to its own exception is a reference cycle that keeps up to
+16 MiB alive until a full cyclic collection, which may never run (fifty
+oversized lines leaked 800 MB that way). For the same reason a failing
+decoder empties its buffer in place, so a caller that holds on to the
+exception (to log it, or in a retry decision) holds an empty buffer.
 """
 
 from __future__ import annotations
@@ -80,7 +88,8 @@ class ChunkedDecoder:
         self._scan = 0
         self._remaining = 0        # payload bytes left in the current chunk
         self._trailer_bytes = 0    # trailer-section bytes consumed so far
-        self._failed: ProtocolError | None = None
+        # The text of the error that broke the stream; never the exception (see above).
+        self._failed: str | None = None
 
     @property
     def done(self) -> bool:
@@ -94,8 +103,8 @@ class ChunkedDecoder:
         try:
             return self._feed(data)
         except ProtocolError as err:
-            self._failed = err
-            self._buf = bytearray()
+            self._failed = str(err)
+            self._buf.clear()       # in place: the traceback's frames still name it
             raise
 
     def _feed(self, data: bytes) -> bytes:
@@ -248,7 +257,9 @@ class LineDecoder:
         self._buf = bytearray()
         self._start = 0
         self._scan = 0
-        self._failed: WatchDecodeError | None = None
+        # (kind, message) of the error that broke the stream; never the
+        # exception itself (see the module docstring).
+        self._failed: tuple[str, str] | None = None
 
     @property
     def partial(self) -> bool:
@@ -341,14 +352,18 @@ class LineDecoder:
 
     def _check_failed(self) -> None:
         if self._failed is not None:
-            raise WatchDecodeError(self._failed.kind, f"stream already failed: {self._failed}")
+            kind, message = self._failed
+            raise WatchDecodeError(kind, f"stream already failed: {message}")
 
     def _oversize(self) -> WatchDecodeError:
         return self._fail("oversize", f"line longer than {self.max_line_bytes} bytes")
 
     def _fail(self, kind: str, message: str) -> WatchDecodeError:
         """Poison the decoder and return the error for the caller to raise."""
-        self._failed = WatchDecodeError(kind, message)
-        self._buf = bytearray()     # release up to max_line_bytes at once
+        error = WatchDecodeError(kind, message)
+        self._failed = (kind, str(error))
+        # Release up to max_line_bytes at once, in place: the frames of the
+        # traceback-to-be hold this very bytearray as a local.
+        self._buf.clear()
         self._start = self._scan = 0
-        return self._failed
+        return error
