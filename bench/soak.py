@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> dict:
     load = None
     try:
         plane = cluster.plane
-        cluster.install_crd(ROOT / "manifests" / "crd.yaml")
+        cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
         cluster.create_namespace(NAMESPACE)
         proxy = FaultProxy(plane.server, plane.admin_ssl_context()).start()
         kubeconfig = proxy.write_kubeconfig(work / "operator.kubeconfig", NAMESPACE)
