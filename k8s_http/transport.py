@@ -32,6 +32,7 @@ from . import errors
 from .backoff import TokenBucket
 from .config import ClusterConfig, CredentialError
 from .connection import LOST, HTTPConnection, HTTPSConnection, is_dropped
+from .defaults import WATCH_STALL_TIMEOUT_SECONDS
 from .errors import ApiConnectionError, ApiTimeoutError, K8sHttpError, ProtocolError
 from .metrics import Metrics
 from .stream import Stream
@@ -165,7 +166,7 @@ class Transport:
         return resp
 
     def stream(self, path: str, *, query: Mapping | None = None,
-               read_timeout_seconds: float = 90.0) -> "Stream":
+               read_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS) -> "Stream":
         """GET whose body is read as it arrives, on a dedicated connection (watches)."""
         target = self._target(path, query)
         result = self._with_retries("GET", path, lambda fresh: self._attempt_stream(
