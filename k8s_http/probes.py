@@ -55,6 +55,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, generate_latest, CONTENT_TYPE_PLAIN_0_0_4
 
+# One parser for bind addresses, the flags' (re-exported: callers import them from here).
+from .flags import is_disabled, parse_bind_address
+
 __all__ = ["HealthChecks", "ProbeServer", "parse_bind_address", "is_disabled", "ping",
            "CheckResult"]
 
@@ -142,35 +145,6 @@ def _run_one(name: str, fn: CheckFn) -> tuple[bool, str]:
     if len(detail) > MAX_DETAIL_CHARS:
         detail = detail[:MAX_DETAIL_CHARS] + "..."
     return ok, detail or ("ok" if ok else "failed")
-
-
-# ---------------------------------------------------------------------------
-# Bind addresses
-
-
-def is_disabled(bind_address: str) -> bool:
-    """True for "0" and "": the server is off (controller-runtime's convention)."""
-    return bind_address.strip() in ("", "0")
-
-
-def parse_bind_address(bind_address: str) -> tuple[str, int] | None:
-    """':8080' -> ('', 8080); '127.0.0.1:0' -> ('127.0.0.1', 0); '[::1]:9' -> ('::1', 9);
-    '0' or '' -> None (disabled). Raises ValueError naming the problem otherwise."""
-    text = bind_address.strip()
-    if is_disabled(text):
-        return None
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        raise ValueError(f"bind address {bind_address!r} has no port: use HOST:PORT, "
-                         f"':PORT' for all interfaces, or '0' to disable")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"bind address {bind_address!r}: put an IPv6 address in brackets, "
-                         f"e.g. '[::1]:8080'")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"bind address {bind_address!r}: port must be a number 0-65535")
-    return host, int(port_text)
 
 
 # ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ PACKAGE = ROOT / "k8s_http"
 LAYERS = {
     "errors": 0, "objects": 0, "defaults": 0,
     "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
-    "credentials": 2, "tls": 2, "urls": 2, "stream": 2,
+    "credentials": 2, "tls": 2, "urls": 2, "stream": 2, "flags": 2,
     "kubeconfig": 3,
     "config": 4,
     "transport": 5,
@@ -129,4 +129,6 @@ EXPECTED_API = [
     "strip_managed_fields", "rfc3339_now",
     # logging and events
     "setup_logging", "EventRecorder",
+    # command line: the standard manager flags
+    "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
 ]
