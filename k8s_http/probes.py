@@ -158,6 +158,7 @@ class _Server(http.server.ThreadingHTTPServer):
     dual_stack = False
 
     # Set per instance by ProbeServer.
+    software: str = "k8s_http"     # the Server header: the application's name
     registry: CollectorRegistry | None = None
     healthz: HealthChecks | None = None
     readyz: HealthChecks | None = None
@@ -191,10 +192,12 @@ class _Server(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
     timeout = REQUEST_TIMEOUT_SECONDS
-    server_version = "my-controller"
     sys_version = ""
     error_content_type = _TEXT
     error_message_format = "%(code)d %(message)s\n"
+
+    def version_string(self) -> str:
+        return f"{self.server.software} {self.sys_version}"
 
     def do_GET(self) -> None:
         self._serve(head=False)
@@ -311,14 +314,17 @@ class ProbeServer:
     registry: a CollectorRegistry for `/metrics` (None: no /metrics).
     healthz / readyz: HealthChecks for those paths (None: not served).
     tls: serve HTTPS with this server-side context. metrics_auth: guards /metrics.
+    server_name: the Server header, the application's name.
     Requests are handled on daemon threads; `stop()` is idempotent.
     """
 
     def __init__(self, bind_address: str, *, registry: CollectorRegistry | None = None,
                  healthz: HealthChecks | None = None, readyz: HealthChecks | None = None,
                  tls: ssl.SSLContext | None = None,
-                 metrics_auth: Callable[[str | None], object] | None = None):
+                 metrics_auth: Callable[[str | None], object] | None = None,
+                 server_name: str = "k8s_http"):
         self.bind_address = bind_address
+        self.server_name = server_name
         self._address = parse_bind_address(bind_address)  # ValueError early, before start()
         self.registry = registry
         self.healthz = healthz
@@ -352,6 +358,7 @@ class ProbeServer:
             server.registry, server.healthz, server.readyz = self.registry, self.healthz, \
                 self.readyz
             server.tls, server.metrics_auth = self.tls, self.metrics_auth
+            server.software = self.server_name
             self._server = server
             self._thread = threading.Thread(target=server.serve_forever,
                                             kwargs={"poll_interval": 0.5},

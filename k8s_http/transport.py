@@ -37,11 +37,18 @@ from .errors import ApiConnectionError, ApiTimeoutError, K8sHttpError, ProtocolE
 from .metrics import Metrics
 from .stream import Stream
 
-__all__ = ["Transport", "Response", "Stream", "DEFAULT_USER_AGENT"]
+__all__ = ["Transport", "Response", "Stream", "DEFAULT_USER_AGENT", "user_agent"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_USER_AGENT = "my-controller/0.1 (python; k8s_http)"
+
+def user_agent(app_name: str, version: str) -> str:
+    """The User-Agent naming the application, as the apiserver's audit log shows it."""
+    return f"{app_name}/{version} (python; k8s_http)"
+
+
+# Without an application name (a bare Transport or ApiClient): the library's own.
+DEFAULT_USER_AGENT = "k8s_http/0.1 (python)"
 
 # Retry-After is obeyed within these bounds (client-go: at least 1 s; our cap
 # keeps a confused server from parking a worker for hours).

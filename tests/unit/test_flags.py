@@ -52,3 +52,10 @@ def test_the_value_parser_names_the_value_not_a_flag(text):
     with pytest.raises(ValueError, match="bind address") as err:
         parse_bind_address(text)
     assert "--" not in str(err.value)
+
+
+def test_the_manager_names_the_application_in_its_user_agent():
+    from k8s_http import ClusterConfig
+    mgr = Manager(ClusterConfig(server="http://127.0.0.1:9"), "demo-operator",
+                  metrics_bind_address="0", health_probe_bind_address="0")
+    assert mgr.client.transport.user_agent == "demo-operator/0.1 (python; k8s_http)"
