@@ -31,10 +31,8 @@ import argparse
 import copy
 import errno
 import hashlib
-import ipaddress
 import json
 import logging
-import math
 import re
 import sys
 import threading
@@ -62,6 +60,7 @@ from k8s_http import (
     set_condition,
     setup_logging,
 )
+from k8s_http import add_manager_flags, manager_options, new_parser, positive_int
 from k8s_http import __version__
 
 log = logging.getLogger("my_controller")
@@ -143,9 +142,6 @@ CONFLICT_RECHECK_SECONDS = 60.0
 # Kubernetes name rules the children impose on the My's name: a Service name
 # is an RFC 1035 label, and the name is also a label value (<= 63 characters).
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # The apiserver's (legacy, strict) environment variable name rule.
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 # A resource name: `cpu`, `memory`, `ephemeral-storage`, `hugepages-2Mi`, or a
@@ -1098,132 +1094,11 @@ class MyReconciler:
 # --------------------------------------------------------------------------
 # 7. Command line
 
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
-                   "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from a Go-style duration (25s, 1m30s, 500ms) or a bare number of seconds."""
-    text = text.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        pos, seconds = 0, 0.0
-        for match in _DURATION_PART.finditer(text):
-            if match.start() != pos:
-                break
-            seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-            pos = match.end()
-        if pos != len(text) or not text:
-            raise ValueError(f"invalid duration {text!r}: use e.g. 25s, 1m30s, 500ms or "
-                             "a number of seconds") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"invalid duration {text!r}: must be a finite, non-negative time")
-    return seconds
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (e.g. 4)")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0 (0 = no limit)")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0 (0 = no limit)")
-    return value
-
-
-_HOSTNAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$")
-
-
-def bind_address(text: str) -> str:
-    """Validate HOST:PORT (":8080", "127.0.0.1:8080", "[::1]:8080") or "0" (disabled)."""
-    if text == "0":
-        return text
-    fix = "use HOST:PORT such as :8080 or 127.0.0.1:8080, or 0 to disable"
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a bind address: {fix}")
-    if host.startswith("[") and host.endswith("]"):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: {host} is not an IPv6 address; {fix}") \
-                from None
-    elif host and not _HOSTNAME.match(host):
-        raise argparse.ArgumentTypeError(f"{text!r}: {host!r} is not a host name or address; "
-                                         f"{fix}")
-    return text
-
-
-def _namespace(text: str) -> str:
-    if len(text) > 63 or not _DNS1123_LABEL.match(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a namespace name: use at most 63 lowercase letters, digits "
-            "and '-', starting and ending with a letter or digit")
-    return text
-
-
-def _lease_name(text: str) -> str:
-    if len(text) > 253 or not _DNS1123_SUBDOMAIN.match(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a valid Lease name: use lowercase letters, digits, '-' and '.'")
-    return text
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but an error is one line (no usage block) and exit code 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        message = " ".join(message.split())
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keep the epilog's line breaks; show each default worth showing."""
-
-    def __init__(self, prog: str):
-        super().__init__(prog, max_help_position=36)
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
-            text += " (default: %(default)s)"
-        return text
-
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=NAME,
-        allow_abbrev=False,  # a typo must not silently pick another flag
-        formatter_class=_HelpFormatter,
+    """The library's manager flags under this operator's name, plus --workers."""
+    parser = new_parser(
+        NAME,
         description="A Kubernetes operator: keeps a Deployment and a Service for every\n"
                     "My (mine.jp/v1) and reports their state in its status.",
         epilog="Examples:\n"
@@ -1232,61 +1107,9 @@ def build_parser() -> argparse.ArgumentParser:
                "Endpoints: /metrics on the metrics address; /healthz and /readyz on\n"
                "the health-probe address.",
     )
-    conn = parser.add_argument_group("cluster connection")
-    conn.add_argument("--kubeconfig", metavar="PATH", default=None,
-                      help="kubeconfig file (default: $KUBECONFIG, then the in-cluster "
-                           "service account, then ~/.kube/config)")
-    conn.add_argument("--context", metavar="NAME", default=None,
-                      help="kubeconfig context to use (default: its current-context)")
-    conn.add_argument("--qps", type=_non_negative_float, default=0.0, metavar="N",
-                      help="client-side request rate limit, requests per second; 0 = none "
-                           "(rely on the apiserver's priority and fairness)")
-    conn.add_argument("--burst", type=_non_negative_int, default=0, metavar="N",
-                      help="client-side burst above --qps; 0 = none")
-
-    work = parser.add_argument_group("reconciling")
-    work.add_argument("--namespace", dest="namespaces", action="append", type=_namespace,
-                      metavar="NS", default=None,
-                      help="watch only this namespace; repeat for several (default: all "
-                           "namespaces)")
-    work.add_argument("--workers", type=_positive_int, default=4, metavar="N",
-                      help="concurrent reconciles")
-    work.add_argument("--graceful-shutdown-timeout", type=_duration, default="25s",
-                      metavar="DURATION",
-                      help="on SIGTERM/SIGINT, how long in-flight reconciles may take "
-                           "(e.g. 25s, 1m, 500ms, or seconds)")
-
-    ha = parser.add_argument_group("leader election")
-    ha.add_argument("--leader-elect", action="store_true",
-                    help="run as one of several replicas, only the Lease holder reconciling")
-    ha.add_argument("--leader-election-namespace", type=_namespace, metavar="NS", default=None,
-                    help="namespace of the Lease (default: the in-cluster namespace, or the "
-                         "kubeconfig context's)")
-    ha.add_argument("--leader-election-id", type=_lease_name, metavar="NAME", default=NAME,
-                    help="name of the Lease")
-
-    serve = parser.add_argument_group("endpoints")
-    serve.add_argument("--metrics-bind-address", type=bind_address, default=":8080",
-                       metavar="ADDR", help="where /metrics listens; 0 disables it")
-    serve.add_argument("--health-probe-bind-address", type=bind_address, default=":8081",
-                       metavar="ADDR", help="where /healthz and /readyz listen; 0 disables them")
-    serve.add_argument("--metrics-secure", action="store_true",
-                       help="serve /metrics over HTTPS, only to bearer tokens allowed to get "
-                            "/metrics (checked by TokenReview and SubjectAccessReview)")
-    serve.add_argument("--metrics-cert-dir", metavar="PATH", default=None,
-                       help="directory with tls.crt and tls.key for --metrics-secure (default: "
-                            "a self-signed certificate made with openssl, for development)")
-
-    parser.add_argument("--version", action="version",
-                        version=f"{NAME} {__version__} (Python "
-                                f"{sys.version.split()[0]})",
-                        help="print the version and exit")
-
-    logs = parser.add_argument_group("logging")
-    logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                      default="info", help="least severe level logged")
-    logs.add_argument("--log-format", choices=("auto", "text", "json"), default="auto",
-                      help="auto = text on a terminal, JSON lines otherwise")
+    groups = add_manager_flags(parser, NAME, version=__version__)
+    groups["reconciling"].add_argument("--workers", type=positive_int, default=4, metavar="N",
+                                       help="concurrent reconciles")
     return parser
 
 
@@ -1303,18 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_logging(args.log_level, args.log_format)
         config = load_config(args.kubeconfig, context=args.context)
-        mgr = Manager(
-            config, NAME,
-            namespaces=args.namespaces,
-            metrics_bind_address=args.metrics_bind_address,
-            health_probe_bind_address=args.health_probe_bind_address,
-            leader_elect=args.leader_elect,
-            leader_election_namespace=args.leader_election_namespace,
-            leader_election_id=args.leader_election_id,
-            qps=args.qps, burst=args.burst,
-            graceful_shutdown_timeout_seconds=args.graceful_shutdown_timeout,
-            metrics_secure=args.metrics_secure, metrics_cert_dir=args.metrics_cert_dir,
-        )
+        mgr = Manager(config, NAME, **manager_options(args))
     except ConfigError as err:
         return _fail(err)
     mgr.add_controller(MY, MyReconciler(mgr), owns=[DEPLOYMENTS, SERVICES],

@@ -18,6 +18,7 @@ from .errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeou
                      RedirectError, ServerError, TooManyRequestsError, TransportError,
                      UnauthorizedError)
 from .events import EventRecorder
+from .flags import add_manager_flags, manager_options, new_parser, parse_duration, positive_int
 from .log import setup_logging
 from .manager import VERSION as __version__
 from .manager import Manager
@@ -43,4 +44,5 @@ __all__ = [
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now",
     "setup_logging", "EventRecorder",
+    "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
 ]

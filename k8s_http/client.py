@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from .config import ClusterConfig
+from .defaults import MAX_WATCH_LINE_BYTES, WATCH_STALL_TIMEOUT_SECONDS
 from .errors import ApiConnectionError, ApiTimeoutError, GoneError, ProtocolError, from_status
 from .objects import Resource
 from .transport import Stream, Transport
@@ -129,7 +130,7 @@ class ApiClient:
               label_selector: str | None = None, field_selector: str | None = None,
               resource_version: str | None = None, allow_bookmarks: bool = True,
               timeout_seconds: float | None = None,
-              stall_timeout_seconds: float = 90.0) -> "WatchStream":
+              stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS) -> "WatchStream":
         path = resource.path(namespace if resource.namespaced else None)
         query = {"watch": "1", "labelSelector": label_selector,
                  "fieldSelector": field_selector, "resourceVersion": resource_version,
@@ -295,8 +296,9 @@ class WatchStream:
     the caller reconnects.
     """
 
-    def __init__(self, stream: Stream, *, stall_timeout_seconds: float = 90.0,
-                 max_line_bytes: int = 16 * 1024 * 1024, clock=time.monotonic):
+    def __init__(self, stream: Stream, *,
+                 stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS,
+                 max_line_bytes: int = MAX_WATCH_LINE_BYTES, clock=time.monotonic):
         self._stream = stream
         self._decoder = LineDecoder(max_line_bytes=max_line_bytes)
         self.stall_timeout_seconds = stall_timeout_seconds

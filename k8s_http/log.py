@@ -43,6 +43,7 @@ import uuid
 from typing import Iterator, TextIO
 
 __all__ = [
+    "LEVEL_NAMES",
     "LOG_LEVELS",
     "LOG_FORMATS",
     "CONTEXT_FIELDS",
@@ -59,7 +60,9 @@ __all__ = [
     "TextFormatter",
 ]
 
-# The --log-level values (SPEC §3); "warn" and "critical" are accepted aliases.
+# The --log-level values (SPEC §3), least severe first.
+LEVEL_NAMES = ("debug", "info", "warning", "error")
+# Each name's logging level; "warn" and "critical" are accepted aliases.
 LOG_LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -111,7 +114,7 @@ def parse_level(text: str | int) -> int:
         return text
     level = LOG_LEVELS.get(str(text).strip().lower())
     if level is None:
-        raise ValueError(f"invalid log level {text!r}: use one of debug, info, warning, error")
+        raise ValueError(f"invalid log level {text!r}: use one of {', '.join(LEVEL_NAMES)}")
     return level
 
 

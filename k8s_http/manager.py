@@ -52,6 +52,7 @@ from .objects import ObjectKey, Resource
 from .probes import HealthChecks, ProbeServer
 from .runner import Result, Runner
 from .store import Store
+from .transport import user_agent
 from .workqueue import WorkQueue
 
 __all__ = ["Manager"]
@@ -59,6 +60,8 @@ __all__ = ["Manager"]
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+# The version in the User-Agent (the application's name comes first).
+_MAJOR_MINOR = ".".join(VERSION.split(".")[:2])
 # How often the supervisor looks at thread health and refreshes queue gauges.
 SUPERVISE_INTERVAL_SECONDS = 1.0
 
@@ -113,7 +116,8 @@ class Manager:
         self.metrics = Metrics(self.registry, process_collectors=registry is None)
         self.metrics.build_info.info({"version": VERSION, "manager": name})
 
-        self.client = ApiClient.from_config(config, qps=qps, burst=burst, metrics=self.metrics)
+        self.client = ApiClient.from_config(config, qps=qps, burst=burst, metrics=self.metrics,
+                                            user_agent=user_agent(name, _MAJOR_MINOR))
         self._elector: LeaderElector | None = None
         if leader_elect:
             lease_name = leader_election_id or name
@@ -287,16 +291,19 @@ class Manager:
         metrics_addr, probe_addr = self.metrics_bind_address, self.health_probe_bind_address
         if metrics_addr != "0" and metrics_addr == probe_addr:
             self._servers.append(ProbeServer(metrics_addr, registry=self.registry,
-                                             healthz=self.healthz, readyz=self.readyz))
+                                             healthz=self.healthz, readyz=self.readyz,
+                                             server_name=self.name))
         else:
             if metrics_addr != "0":
                 auth = self._metrics_auth.check if self._metrics_auth is not None else None
                 self._servers.append(ProbeServer(metrics_addr, registry=self.registry,
                                                  healthz=None, readyz=None,
-                                                 tls=self._metrics_tls, metrics_auth=auth))
+                                                 tls=self._metrics_tls, metrics_auth=auth,
+                                                 server_name=self.name))
             if probe_addr != "0":
                 self._servers.append(ProbeServer(probe_addr, registry=None,
-                                                 healthz=self.healthz, readyz=self.readyz))
+                                                 healthz=self.healthz, readyz=self.readyz,
+                                                 server_name=self.name))
         for server in self._servers:
             server.start()
 

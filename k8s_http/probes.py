@@ -55,6 +55,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, generate_latest, CONTENT_TYPE_PLAIN_0_0_4
 
+# One parser for bind addresses, the flags' (re-exported: callers import them from here).
+from .flags import is_disabled, parse_bind_address
+
 __all__ = ["HealthChecks", "ProbeServer", "parse_bind_address", "is_disabled", "ping",
            "CheckResult"]
 
@@ -145,35 +148,6 @@ def _run_one(name: str, fn: CheckFn) -> tuple[bool, str]:
 
 
 # ---------------------------------------------------------------------------
-# Bind addresses
-
-
-def is_disabled(bind_address: str) -> bool:
-    """True for "0" and "": the server is off (controller-runtime's convention)."""
-    return bind_address.strip() in ("", "0")
-
-
-def parse_bind_address(bind_address: str) -> tuple[str, int] | None:
-    """':8080' -> ('', 8080); '127.0.0.1:0' -> ('127.0.0.1', 0); '[::1]:9' -> ('::1', 9);
-    '0' or '' -> None (disabled). Raises ValueError naming the problem otherwise."""
-    text = bind_address.strip()
-    if is_disabled(text):
-        return None
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        raise ValueError(f"bind address {bind_address!r} has no port: use HOST:PORT, "
-                         f"':PORT' for all interfaces, or '0' to disable")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"bind address {bind_address!r}: put an IPv6 address in brackets, "
-                         f"e.g. '[::1]:8080'")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"bind address {bind_address!r}: port must be a number 0-65535")
-    return host, int(port_text)
-
-
-# ---------------------------------------------------------------------------
 # HTTP
 
 
@@ -184,6 +158,7 @@ class _Server(http.server.ThreadingHTTPServer):
     dual_stack = False
 
     # Set per instance by ProbeServer.
+    software: str = "k8s_http"     # the Server header: the application's name
     registry: CollectorRegistry | None = None
     healthz: HealthChecks | None = None
     readyz: HealthChecks | None = None
@@ -217,10 +192,12 @@ class _Server(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
     timeout = REQUEST_TIMEOUT_SECONDS
-    server_version = "my-controller"
     sys_version = ""
     error_content_type = _TEXT
     error_message_format = "%(code)d %(message)s\n"
+
+    def version_string(self) -> str:
+        return f"{self.server.software} {self.sys_version}"
 
     def do_GET(self) -> None:
         self._serve(head=False)
@@ -337,14 +314,17 @@ class ProbeServer:
     registry: a CollectorRegistry for `/metrics` (None: no /metrics).
     healthz / readyz: HealthChecks for those paths (None: not served).
     tls: serve HTTPS with this server-side context. metrics_auth: guards /metrics.
+    server_name: the Server header, the application's name.
     Requests are handled on daemon threads; `stop()` is idempotent.
     """
 
     def __init__(self, bind_address: str, *, registry: CollectorRegistry | None = None,
                  healthz: HealthChecks | None = None, readyz: HealthChecks | None = None,
                  tls: ssl.SSLContext | None = None,
-                 metrics_auth: Callable[[str | None], object] | None = None):
+                 metrics_auth: Callable[[str | None], object] | None = None,
+                 server_name: str = "k8s_http"):
         self.bind_address = bind_address
+        self.server_name = server_name
         self._address = parse_bind_address(bind_address)  # ValueError early, before start()
         self.registry = registry
         self.healthz = healthz
@@ -378,6 +358,7 @@ class ProbeServer:
             server.registry, server.healthz, server.readyz = self.registry, self.healthz, \
                 self.readyz
             server.tls, server.metrics_auth = self.tls, self.metrics_auth
+            server.software = self.server_name
             self._server = server
             self._thread = threading.Thread(target=server.serve_forever,
                                             kwargs={"poll_interval": 0.5},

@@ -2,11 +2,8 @@
 
 One `Transport` per apiserver, shared by every thread. What it guarantees:
 
-- Deadlines that hold against a slow or hostile server: a connect timeout, a
-  header timeout (the status line and headers must all arrive within it, even
-  if they trickle in a byte at a time) and a total deadline per attempt for
-  the body. Every socket read is bounded by what is left of the current
-  deadline (`_DeadlineReader`), so no single slow read can outlive it.
+- Deadlines that hold against a slow or hostile server (`connection.py`): a
+  connect timeout, a header timeout and a total deadline per attempt.
 - The retry policy of client-go's REST client: 429/5xx are retried only when
   the server says when (`Retry-After`, clamped to 1..300 s, at most
   `max_retries` tries); a GET whose connection was lost is retried once on a
@@ -15,21 +12,16 @@ One `Transport` per apiserver, shared by every thread. What it guarantees:
   typed error (`errors.from_status` for HTTP statuses).
 - Redirects are never followed: the bearer token never leaves for another host.
 - The token is never logged and never put in an exception message.
-- Watches get a dedicated connection (`stream()`), never pooled, whose chunked
-  body is de-framed by `watchproto.ChunkedDecoder` -- strict, unlike
-  `http.client` -- and read with `read1()` so events are not held back.
+- Watches get a dedicated connection (`stream()`), never pooled, read as a
+  `stream.Stream`.
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import http.client
-import io
 import json
 import logging
-import select
-import socket
 import ssl
 import threading
 import time
@@ -39,35 +31,29 @@ from urllib.parse import unquote, urlencode, urlsplit
 from . import errors
 from .backoff import TokenBucket
 from .config import ClusterConfig, CredentialError
+from .connection import LOST, HTTPConnection, HTTPSConnection, is_dropped
+from .defaults import WATCH_STALL_TIMEOUT_SECONDS
 from .errors import ApiConnectionError, ApiTimeoutError, K8sHttpError, ProtocolError
 from .metrics import Metrics
-from .watchproto import ChunkedDecoder
+from .stream import Stream
 
-__all__ = ["Transport", "Response", "Stream", "DEFAULT_USER_AGENT"]
+__all__ = ["Transport", "Response", "Stream", "DEFAULT_USER_AGENT", "user_agent"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_USER_AGENT = "my-controller/0.1 (python; k8s_http)"
+
+def user_agent(app_name: str, version: str) -> str:
+    """The User-Agent naming the application, as the apiserver's audit log shows it."""
+    return f"{app_name}/{version} (python; k8s_http)"
+
+
+# Without an application name (a bare Transport or ApiClient): the library's own.
+DEFAULT_USER_AGENT = "k8s_http/0.1 (python)"
 
 # Retry-After is obeyed within these bounds (client-go: at least 1 s; our cap
 # keeps a confused server from parking a worker for hours).
 MIN_RETRY_AFTER_SECONDS = 1
 MAX_RETRY_AFTER_SECONDS = 300
-
-# TCP keepalive: probe after 30 s idle, every 10 s, give up after 3 misses.
-# A peer that vanished (node died, NAT forgot us) is noticed in about a
-# minute, inside the watch's 90 s stall window, even if no byte ever arrives.
-TCP_KEEPALIVE_IDLE_SECONDS = 30
-TCP_KEEPALIVE_INTERVAL_SECONDS = 10
-TCP_KEEPALIVE_PROBES = 3
-
-# Socket reads hand back at most this much at a time.
-_READ_BYTES = 64 * 1024
-
-# The read errors that mean "the connection is gone": the server reset or
-# closed it (RemoteDisconnected is a ConnectionResetError), or the body ended
-# early (IncompleteRead). A GET can safely be sent again after one of these.
-_LOST = (ConnectionError, http.client.IncompleteRead, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
 class _ConnectionLost(Exception):
@@ -99,124 +85,6 @@ class Response:
 
     def __repr__(self) -> str:
         return f"Response(status={self.status}, {len(self.body)} bytes)"
-
-
-class _Deadline:
-    """The time limits for reads on one connection, changed as a request moves on.
-
-    `deadline` (time.monotonic(), or None) ends the current phase: headers,
-    then body. `read_timeout` (seconds, or None) bounds any one read (watches).
-    Real time, not the injected clock: these bound real socket waits.
-    """
-
-    __slots__ = ("deadline", "read_timeout")
-
-    def __init__(self):
-        self.deadline: float | None = None
-        self.read_timeout: float | None = None
-
-    def socket_timeout(self) -> float | None:
-        timeout = self.read_timeout
-        if self.deadline is not None:
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("deadline passed")
-            timeout = remaining if timeout is None else min(timeout, remaining)
-        return timeout
-
-
-class _DeadlineReader(io.RawIOBase):
-    """The socket as a raw stream in which every recv is bounded by a `_Deadline`.
-
-    A server trickling one byte just inside each socket timeout cannot stretch
-    a read past the deadline, because the timeout is recomputed for every recv.
-    """
-
-    def __init__(self, sock: socket.socket, limits: _Deadline, keep_open):
-        self._sock = sock
-        self._limits = limits
-        # http.client's own makefile(): while it is open, closing the socket
-        # object (http.client does so when the server says Connection: close)
-        # leaves the descriptor open for the body still to be read.
-        self._keep_open = keep_open
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        self._sock.settimeout(self._limits.socket_timeout())
-        return self._sock.recv_into(buffer)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._keep_open.close()
-        super().close()
-
-
-class _HTTPResponse(http.client.HTTPResponse):
-    """http.client's response, reading through a `_DeadlineReader`."""
-
-    def __init__(self, sock, debuglevel=0, method=None, url=None, *, limits: _Deadline):
-        super().__init__(sock, debuglevel, method, url)
-        self.fp = io.BufferedReader(_DeadlineReader(sock, limits, self.fp), _READ_BYTES)
-
-
-def _enable_tcp_keepalive(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", TCP_KEEPALIVE_IDLE_SECONDS),
-                        ("TCP_KEEPINTVL", TCP_KEEPALIVE_INTERVAL_SECONDS),
-                        ("TCP_KEEPCNT", TCP_KEEPALIVE_PROBES)):
-        option = getattr(socket, name, None)
-        if option is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
-            except OSError:
-                pass
-
-
-class _HTTPConnection(http.client.HTTPConnection):
-    def __init__(self, host: str, port: int, *, timeout: float, generation: int):
-        super().__init__(host, port, timeout=timeout)
-        self.generation = generation     # the pool drops connections of older generations
-        self.limits = _Deadline()
-        self.response_class = functools.partial(_HTTPResponse, limits=self.limits)
-
-    def connect(self) -> None:
-        super().connect()       # TCP, and the CONNECT tunnel if there is a proxy
-        _enable_tcp_keepalive(self.sock)
-
-
-class _HTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, host: str, port: int, *, timeout: float, generation: int,
-                 context: ssl.SSLContext, server_hostname: str):
-        super().__init__(host, port, timeout=timeout, context=context)
-        self.generation = generation
-        self.limits = _Deadline()
-        self.response_class = functools.partial(_HTTPResponse, limits=self.limits)
-        self._server_hostname = server_hostname
-
-    def connect(self) -> None:
-        # Not HTTPSConnection.connect: it verifies the URL's host, and we may
-        # have to verify tls-server-name instead.
-        http.client.HTTPConnection.connect(self)
-        _enable_tcp_keepalive(self.sock)
-        self.sock = self._context.wrap_socket(self.sock, server_hostname=self._server_hostname)
-
-
-def _is_dropped(sock: socket.socket | None) -> bool:
-    """True if an idle keep-alive connection is unusable.
-
-    An idle connection has nothing to read; if it is readable, the server
-    closed it (EOF) or sent something unasked. Checking before reuse keeps a
-    write from being sent into a connection the server already closed.
-    """
-    if sock is None:
-        return True
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
 
 
 def _retry_after_seconds(headers) -> float | None:
@@ -305,7 +173,7 @@ class Transport:
         return resp
 
     def stream(self, path: str, *, query: Mapping | None = None,
-               read_timeout_seconds: float = 90.0) -> "Stream":
+               read_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS) -> "Stream":
         """GET whose body is read as it arrives, on a dedicated connection (watches)."""
         target = self._target(path, query)
         result = self._with_retries("GET", path, lambda fresh: self._attempt_stream(
@@ -484,7 +352,7 @@ class Transport:
         if isinstance(err, TimeoutError):
             raise ApiTimeoutError(f"{method} {path}: timed out waiting for the apiserver "
                                   f"({err or 'socket timeout'})") from err
-        if isinstance(err, _LOST):
+        if isinstance(err, LOST):
             raise _ConnectionLost(type(err).__name__ + (f": {err}" if str(err) else "")) from err
         if isinstance(err, http.client.HTTPException):
             raise ProtocolError(f"{method} {path}: malformed HTTP response: "
@@ -510,7 +378,7 @@ class Transport:
         with self._lock:
             while not fresh and self._idle:
                 candidate = self._idle.pop()
-                if candidate.generation == self._generation and not _is_dropped(candidate.sock):
+                if candidate.generation == self._generation and not is_dropped(candidate.sock):
                     conn = candidate
                     break
                 stale.append(candidate)
@@ -542,12 +410,12 @@ class Transport:
         else:
             host, port = self._server_host, self._server_port
         if self._https:
-            conn = _HTTPSConnection(host, port, timeout=self.connect_timeout_seconds,
-                                    generation=generation, context=self.config.ssl_context(),
-                                    server_hostname=self._server_hostname)
+            conn = HTTPSConnection(host, port, timeout=self.connect_timeout_seconds,
+                                   generation=generation, context=self.config.ssl_context(),
+                                   server_hostname=self._server_hostname)
         else:
-            conn = _HTTPConnection(host, port, timeout=self.connect_timeout_seconds,
-                                   generation=generation)
+            conn = HTTPConnection(host, port, timeout=self.connect_timeout_seconds,
+                                  generation=generation)
         if self._proxy is not None:
             conn.set_tunnel(self._server_host, self._server_port, headers=self._proxy_headers())
         try:
@@ -596,126 +464,3 @@ def _query_value(value) -> str:
 def _is_json(headers) -> bool:
     ctype = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
     return ctype == "application/json" or ctype.endswith("+json")
-
-
-class Stream:
-    """The body of a 200 GET, read as it arrives (a watch). Context manager.
-
-    `read_payload()` returns the next de-framed bytes (b"" once the body ended
-    cleanly, or after `close()`); `close()` may be called from any thread and
-    unblocks a read in progress.
-    """
-
-    def __init__(self, conn, resp: http.client.HTTPResponse, *, read_timeout_seconds: float,
-                 path: str = ""):
-        self.status = resp.status
-        self.headers = resp.headers
-        self.path = path
-        self._conn = conn
-        self._resp = resp
-        self._sock = conn.sock
-        # Bypass http.client's (lenient) body parsing: read the buffered
-        # socket file it read the headers from, and de-frame ourselves.
-        self._fp = resp.fp
-        self._limits: _Deadline = conn.limits
-        self._limits.deadline = None
-        self._limits.read_timeout = read_timeout_seconds
-        self.read_timeout_seconds = read_timeout_seconds
-        self._decoder = ChunkedDecoder() if resp.chunked else None
-        # Content-Length bytes left, or None: chunked, or delimited by EOF.
-        self._remaining = None if resp.chunked else resp.length
-        self._ended = False         # the body ended cleanly
-        self._lock = threading.Lock()
-        # Invariants: once _closed is set it stays set; the socket is
-        # released exactly once, by close() if no read is in progress, else
-        # by the reader when its read returns (so a descriptor is never
-        # closed under a thread blocked on it).
-        self._closed = False
-        self._reading = False
-        self._released = False
-
-    def read_payload(self, timeout_seconds: float | None = None) -> bytes:
-        """The next payload bytes, as soon as any arrive; b"" at a clean end or after close().
-
-        Waits at most `timeout_seconds` (default: the stream's read timeout)
-        -> ApiTimeoutError. A body cut short -> ApiConnectionError; broken
-        chunk framing -> ProtocolError.
-        """
-        with self._lock:
-            if self._closed:
-                return b""
-            self._reading = True
-        try:
-            while not self._ended:
-                self._limits.read_timeout = (self.read_timeout_seconds if timeout_seconds is None
-                                             else max(timeout_seconds, 0.001))
-                want = _READ_BYTES if self._remaining is None else min(_READ_BYTES,
-                                                                       self._remaining)
-                try:
-                    data = self._fp.read1(want) if want else b""
-                except TimeoutError:
-                    if self._closed:
-                        return b""
-                    raise ApiTimeoutError(f"GET {self.path}: no data for "
-                                          f"{self._limits.read_timeout:g}s") from None
-                except (OSError, ValueError) as e:     # ValueError: file closed under us
-                    if self._closed:
-                        return b""
-                    raise ApiConnectionError(f"GET {self.path}: connection lost mid-stream: "
-                                             f"{type(e).__name__}") from e
-                if self._closed:
-                    return b""
-                if not data:
-                    if (self._decoder is not None and not self._decoder.done) or self._remaining:
-                        raise ApiConnectionError(f"GET {self.path}: connection closed in the "
-                                                 "middle of the body")
-                    self._ended = True
-                    return b""
-                if self._decoder is None:
-                    if self._remaining is not None:
-                        self._remaining -= len(data)
-                        self._ended = self._remaining == 0
-                    return data
-                payload = self._decoder.feed(data)      # ProtocolError on broken framing
-                self._ended = self._decoder.done
-                if payload:
-                    return payload
-            return b""
-        finally:
-            with self._lock:
-                self._reading = False
-                release = self._closed or self._ended
-            if release:
-                self._release()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            reading = self._reading
-        if self._sock is not None:
-            try:
-                # The TCP socket itself, under any TLS layer: a blocked read returns.
-                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if not reading:
-            self._release()
-
-    def _release(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        self._resp.close()
-        self._conn.close()
-
-    def __enter__(self) -> "Stream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Stream(GET {self.path}, status={self.status})"

@@ -259,3 +259,20 @@ def test_duplicate_check_names_are_refused():
         checks.add("a", ping)
     with pytest.raises(ValueError):
         checks.add("", ping)
+
+
+@pytest.mark.parametrize("kwargs, expected", [({}, "k8s_http"),
+                                              ({"server_name": "demo-operator"}, "demo-operator")])
+def test_the_server_header_names_the_application(checks, kwargs, expected):
+    healthz, _, _, _ = checks
+    server = ProbeServer("127.0.0.1:0", healthz=healthz, **kwargs)
+    server.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+    finally:
+        server.stop()
+    assert resp.getheader("Server").split()[0] == expected

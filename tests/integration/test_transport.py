@@ -81,7 +81,7 @@ def test_token_auth_and_request_headers(server, transport):
     assert resp.status == 200 and resp.json()["gitVersion"].startswith("v1.")
     (req,) = server.requests
     assert req.headers["authorization"] == f"Bearer {TOKEN}"
-    assert req.headers["user-agent"] == DEFAULT_USER_AGENT == "my-controller/0.1 (python; k8s_http)"
+    assert req.headers["user-agent"] == DEFAULT_USER_AGENT == "k8s_http/0.1 (python)"
     assert req.headers["accept"] == "application/json"
     assert "accept-encoding" not in req.headers      # never ask for compression
     assert transport.host == server.host

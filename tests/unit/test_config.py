@@ -24,7 +24,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k8s_http import config as cfgmod
+from k8s_http import credentials as credmod
+from k8s_http import tls as tlsmod
 from k8s_http.config import (
     ClusterConfig,
     ConfigError,
@@ -640,7 +641,7 @@ def test_exec_expiry_with_injected_clock(tmp_path):
     clock = FakeClock(1_700_000_000.0)            # 2023-11-14T22:13:20Z
     plugin = make_plugin(tmp_path, clock=clock, PLUGIN_EXPIRY="2023-11-14T22:23:20.123456789Z")
     assert plugin.token() == "exec-token-1"
-    clock.now += 600 - cfgmod.EXEC_EXPIRY_SKEW_SECONDS      # .123 s before the skew window
+    clock.now += 600 - credmod.EXEC_EXPIRY_SKEW_SECONDS      # .123 s before the skew window
     assert plugin.token() == "exec-token-1"       # still valid
     clock.now += 0.2
     assert plugin.token() == "exec-token-2"       # inside the skew window: re-run
@@ -818,7 +819,7 @@ def test_tls_server_name_is_the_verified_name(certs):
 def test_client_cert_presented_and_key_file_removed(tmp_path, certs, monkeypatch):
     keydir = tmp_path / "keys"
     keydir.mkdir()
-    monkeypatch.setattr(cfgmod, "_KEY_FILE_DIRS", [str(tmp_path / "missing"), str(keydir)])
+    monkeypatch.setattr(tlsmod, "_KEY_FILE_DIRS", [str(tmp_path / "missing"), str(keydir)])
     seen = []
     real_mkstemp = tempfile.mkstemp
 
@@ -828,7 +829,7 @@ def test_client_cert_presented_and_key_file_removed(tmp_path, certs, monkeypatch
                      stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)))
         return fd, path
 
-    monkeypatch.setattr(cfgmod.tempfile, "mkstemp", spy)
+    monkeypatch.setattr(tlsmod.tempfile, "mkstemp", spy)
     cfg = ClusterConfig(server="https://127.0.0.1:6443", ca_data=certs.ca,
                         client_cert_pem=certs.client_crt, client_key_pem=certs.client_key)
     assert handshake(cfg.ssl_context(), certs, "127.0.0.1") == "test-user"
@@ -837,7 +838,7 @@ def test_client_cert_presented_and_key_file_removed(tmp_path, certs, monkeypatch
 
 
 def test_no_writable_key_dir(tmp_path, certs, monkeypatch):
-    monkeypatch.setattr(cfgmod, "_KEY_FILE_DIRS", [str(tmp_path / "missing")])
+    monkeypatch.setattr(tlsmod, "_KEY_FILE_DIRS", [str(tmp_path / "missing")])
     cfg = ClusterConfig(server="https://h:1", ca_data=certs.ca,
                         client_cert_pem=certs.client_crt, client_key_pem=certs.client_key)
     with pytest.raises(ConfigError) as e:

@@ -19,7 +19,7 @@ import pytest
 
 import controller
 from controller import (
-    MY, MyReconciler, desired_status, needs_apply, parse_duration,
+    MY, MyReconciler, desired_status, needs_apply,
     parse_quantity, render_deployment, render_service, status_changed, validate_my,
     validate_spec,
 )
@@ -27,7 +27,7 @@ from k8s_http import (
     EventRecorder,
     DEPLOYMENTS, EVENTS, SERVICES, ConflictError, InvalidError, NotFoundError, ObjectKey,
     Result,
-    set_condition,
+    parse_duration, set_condition,
 )
 
 from k8s_http.store import Store

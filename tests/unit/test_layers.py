@@ -17,14 +17,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 
 LAYERS = {
-    "errors": 0, "objects": 0,
-    "watchproto": 1, "backoff": 1, "config": 1, "metrics": 1, "log": 1,
-    "transport": 2,
-    "client": 3, "store": 3, "workqueue": 3,
-    "watcher": 4, "leader": 4, "runner": 4, "events": 4, "authn": 4,
-    "informer": 5, "probes": 5,
-    "deletionwatch": 6,
-    "manager": 7,
+    "errors": 0, "objects": 0, "defaults": 0,
+    "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
+    "credentials": 2, "tls": 2, "urls": 2, "stream": 2, "flags": 2,
+    "kubeconfig": 3,
+    "config": 4,
+    "transport": 5,
+    "client": 6, "store": 6, "workqueue": 6,
+    "watcher": 7, "leader": 7, "runner": 7, "events": 7, "authn": 7,
+    "informer": 8, "probes": 8,
+    "deletionwatch": 9,
+    "manager": 10,
 }
 
 THIRD_PARTY_ALLOWED = {"yaml", "prometheus_client"}
@@ -68,6 +71,16 @@ def test_imports_point_down(path):
         else:
             assert top in sys.stdlib_module_names or top in THIRD_PARTY_ALLOWED, \
                 f"{path.stem} imports third-party {top}"
+
+
+def test_architecture_table_matches_layers():
+    """docs/ARCHITECTURE.md's layer table and LAYERS are changed together."""
+    rows = {}
+    for line in (ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit() and cells[1].startswith("`"):
+            rows[cells[1].strip("`").removesuffix(".py")] = int(cells[0])
+    assert rows == LAYERS
 
 
 def test_controller_imports_only_the_package_root():
@@ -116,4 +129,6 @@ EXPECTED_API = [
     "strip_managed_fields", "rfc3339_now",
     # logging and events
     "setup_logging", "EventRecorder",
+    # command line: the standard manager flags
+    "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
 ]
