@@ -38,6 +38,7 @@ import math
 import re
 import sys
 import threading
+import time
 from fractions import Fraction
 from typing import Callable
 
@@ -109,6 +110,12 @@ APPLY_FAILED = "ApplyFailed"
 # 10 h resync, look again this often: one or two GETs, never a write (the
 # Conflict status is already there). Slow enough never to be a hot loop.
 CONFLICT_RECHECK_SECONDS = 60.0
+
+# How long a status that the Deployment controller is about to change may be
+# held back, so that one write reports both (see MyReconciler._status_wait).
+# Bounds how late a user sees observedGeneration and a Ready condition for a
+# generation the operator has acted on: this, plus the queue's own delay.
+STATUS_COALESCE_SECONDS = 0.5
 
 # Kubernetes name rules the children impose on the My's name: a Service name
 # is an RFC 1035 label, and the name is also a label value (<= 63 characters).
@@ -527,11 +534,19 @@ def _readiness(spec: dict, deployment: dict | None) -> tuple[str, str, str]:
 
 
 def _is_rollout_pending(deployment: dict | None) -> bool:
-    """The Deployment controller has not yet observed this Deployment's generation."""
+    """The Deployment controller is about to change what this Deployment's status
+    says: it has not observed the current generation, or has not yet brought the
+    pod counts (replicas, updatedReplicas) to spec.replicas. Readiness is not
+    waited for: pods may take minutes to become ready, and each change of
+    readyReplicas is reported as it comes."""
     if deployment is None:
         return False
-    observed = (deployment.get("status") or {}).get("observedGeneration") or 0
-    return observed < (_meta(deployment).get("generation") or 0)
+    status = deployment.get("status") or {}
+    if (status.get("observedGeneration") or 0) < (_meta(deployment).get("generation") or 0):
+        return True
+    desired = (deployment.get("spec") or {}).get("replicas", DEFAULT_REPLICAS)
+    return (status.get("replicas") or 0) != desired or \
+        (status.get("updatedReplicas") or 0) != desired
 
 
 def desired_status(my: dict, deployment: dict | None, *,
@@ -652,11 +667,19 @@ class MyReconciler:
     CHILDREN = ((DEPLOYMENTS, render_deployment), (SERVICES, render_service))
 
     def __init__(self, mgr, *, recorder: EventRecorder | None = None,
-                 now: Callable[[], str] = rfc3339_now):
+                 now: Callable[[], str] = rfc3339_now,
+                 clock: Callable[[], float] = time.monotonic,
+                 status_coalesce_seconds: float = STATUS_COALESCE_SECONDS):
         self.mgr = mgr
         self.recorder = recorder or EventRecorder(mgr.client, component=NAME)
         self._now = now
         self._memo = _Memo()
+        self._clock = clock
+        self._coalesce = status_coalesce_seconds
+        # key -> clock() when a status change was first held back (see _status_wait).
+        # A key is reconciled by one worker at a time (the work queue's promise),
+        # so each entry has one writer; dict operations are atomic under the GIL.
+        self._held_since: dict[ObjectKey, float] = {}
 
     @property
     def client(self):
@@ -670,6 +693,7 @@ class MyReconciler:
             # Gone: the garbage collector deletes the children (ownerReferences).
             self._memo.forget(key)
             self.recorder.forget(key)
+            self._held_since.pop(key, None)
             return None
         my = self._memo.fresher("my", key, cached)
         if _meta(my).get("deletionTimestamp"):
@@ -720,15 +744,9 @@ class MyReconciler:
         finally:
             self._report_changes(my, changes)
 
-        if _is_rollout_pending(lives[DEPLOYMENTS]):
-            # The Deployment controller has not looked at this Deployment spec
-            # yet. Its status update is an event on a watched child, so we will
-            # be back within moments; reporting "update pending" now would cost a
-            # second status write for every create and spec change (SPEC: one
-            # My costs at most 3 object writes).
-            return None
-        self._write_status(key, my, lives[DEPLOYMENTS])
-        return None
+        wait = self._write_status(key, my, lives[DEPLOYMENTS],
+                                  pending=_is_rollout_pending(lives[DEPLOYMENTS]))
+        return Result(requeue_after_seconds=wait) if wait else None
 
     # -- children -------------------------------------------------------
 
@@ -811,17 +829,44 @@ class MyReconciler:
                 log.info("%s %s", verb.lower(), what)
                 self.recorder.event(my, "Normal", verb, f"{verb} {what}")
 
+    def _status_wait(self, key: ObjectKey, pending: bool) -> float:
+        """Seconds to hold back a status change; 0 means write it now.
+
+        A change is written at once when the Deployment's status has caught up
+        (`pending` false). While the Deployment controller is still at work its
+        next status update would need a write of its own, so the change waits
+        for that update -- an event on a watched child brings us back -- but
+        never longer than `status_coalesce_seconds` after it was first held:
+        then it is written as it stands (a new My shows observedGeneration and
+        Progressing even when the Deployment controller is far behind). Idle,
+        the Deployment controller answers well within the window and a new My
+        costs one status write; under a burst, those it answers in time still do.
+        """
+        if not pending:
+            return 0.0
+        now = self._clock()
+        since = self._held_since.setdefault(key, now)
+        return max(0.0, since + self._coalesce - now)
+
     def _write_status(self, key: ObjectKey, my: dict, deployment: dict | None, *,
-                      condition: tuple[str, str] | None = None) -> None:
+                      condition: tuple[str, str] | None = None,
+                      pending: bool = False) -> float:
+        """Write the status `my` should have, if it differs; returns the seconds
+        the caller should come back after when the write is held (_status_wait)."""
         old = my.get("status") or {}
         new = desired_status(my, deployment, condition=condition, now=self._now())
         if not status_changed(old, new):
-            return
+            self._held_since.pop(key, None)
+            return 0.0
+        wait = self._status_wait(key, pending)
+        if wait > 0:
+            return wait
+        self._held_since.pop(key, None)
         try:
             written = self.client.patch_status(MY, key.name, {"status": new},
                                                namespace=key.namespace)
         except NotFoundError:
-            return  # deleted meanwhile: nothing to report on
+            return 0.0  # deleted meanwhile: nothing to report on
         summary = _ready_summary(new) or ()
         log.info("status of %s: Ready=%s %s", key, *summary[:2])
         self._memo.remember("my", key, my, written)
@@ -830,6 +875,7 @@ class MyReconciler:
         if condition is not None and condition[0] in (INVALID_SPEC, CONFLICT) \
                 and _ready_summary(old) != _ready_summary(new):
             self.recorder.event(my, "Warning", condition[0], condition[1])
+        return 0.0
 
 
 # --------------------------------------------------------------------------
