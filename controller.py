@@ -116,6 +116,9 @@ CONFLICT_RECHECK_SECONDS = 60.0
 # Bounds how late a user sees observedGeneration and a Ready condition for a
 # generation the operator has acted on: this, plus the queue's own delay.
 STATUS_COALESCE_SECONDS = 0.5
+# Weight of the newest sample in the running estimate of how long the
+# Deployment controller takes to answer (an exponentially weighted mean).
+ANSWER_TIME_WEIGHT = 0.2
 
 # Kubernetes name rules the children impose on the My's name: a Service name
 # is an RFC 1035 label, and the name is also a label value (<= 63 characters).
@@ -676,10 +679,17 @@ class MyReconciler:
         self._memo = _Memo()
         self._clock = clock
         self._coalesce = status_coalesce_seconds
-        # key -> clock() when a status change was first held back (see _status_wait).
+        # key -> clock() when a status change was first held back, and when the
+        # Deployment was first seen with its controller at work (see _status_wait).
         # A key is reconciled by one worker at a time (the work queue's promise),
         # so each entry has one writer; dict operations are atomic under the GIL.
         self._held_since: dict[ObjectKey, float] = {}
+        self._pending_since: dict[ObjectKey, float] = {}
+        # How long the Deployment controller has lately taken to answer, as we saw
+        # it (its own backlog plus our queue's): a running mean of the samples.
+        # Workers update it without a lock: a lost sample only makes it a little
+        # staler, never wrong by more than one sample's weight.
+        self._answer_seconds = 0.0
 
     @property
     def client(self):
@@ -694,6 +704,7 @@ class MyReconciler:
             self._memo.forget(key)
             self.recorder.forget(key)
             self._held_since.pop(key, None)
+            self._pending_since.pop(key, None)
             return None
         my = self._memo.fresher("my", key, cached)
         if _meta(my).get("deletionTimestamp"):
@@ -829,36 +840,50 @@ class MyReconciler:
                 log.info("%s %s", verb.lower(), what)
                 self.recorder.event(my, "Normal", verb, f"{verb} {what}")
 
-    def _status_wait(self, key: ObjectKey, pending: bool) -> float:
+    def _status_wait(self, key: ObjectKey, pending: bool | None) -> float:
         """Seconds to hold back a status change; 0 means write it now.
 
-        A change is written at once when the Deployment's status has caught up
-        (`pending` false). While the Deployment controller is still at work its
-        next status update would need a write of its own, so the change waits
-        for that update -- an event on a watched child brings us back -- but
-        never longer than `status_coalesce_seconds` after it was first held:
-        then it is written as it stands (a new My shows observedGeneration and
-        Progressing even when the Deployment controller is far behind). Idle,
-        the Deployment controller answers well within the window and a new My
-        costs one status write; under a burst, those it answers in time still do.
+        `pending`: whether the Deployment controller is still at work on the
+        Deployment (_is_rollout_pending); None when the status is not about the
+        Deployment (a failure condition), which is never held.
+
+        While it is at work, its next status update would need a write of its
+        own, so a change may wait for that update -- an event on a watched child
+        brings us back -- but never longer than `status_coalesce_seconds` after
+        it was first held: then it is written as it stands (a new My shows
+        observedGeneration and Progressing even when the Deployment controller
+        is far behind). Holding pays only when the answer is likely to come
+        within the window: it is skipped while the Deployment controller's recent
+        answers (as we saw them, our own queue's delay included) took longer,
+        as under a burst, where a held key would also go back to the end of a
+        long queue. Idle, it answers well within the window and a new My costs
+        one status write.
         """
-        if not pending:
+        if pending is None:
             return 0.0
         now = self._clock()
+        if not pending:
+            since = self._pending_since.pop(key, None)
+            if since is not None:
+                self._answer_seconds += ANSWER_TIME_WEIGHT * (now - since - self._answer_seconds)
+            return 0.0
+        self._pending_since.setdefault(key, now)
+        if self._answer_seconds > self._coalesce:
+            return 0.0
         since = self._held_since.setdefault(key, now)
         return max(0.0, since + self._coalesce - now)
 
     def _write_status(self, key: ObjectKey, my: dict, deployment: dict | None, *,
                       condition: tuple[str, str] | None = None,
-                      pending: bool = False) -> float:
+                      pending: bool | None = None) -> float:
         """Write the status `my` should have, if it differs; returns the seconds
         the caller should come back after when the write is held (_status_wait)."""
         old = my.get("status") or {}
         new = desired_status(my, deployment, condition=condition, now=self._now())
+        wait = self._status_wait(key, pending)
         if not status_changed(old, new):
             self._held_since.pop(key, None)
             return 0.0
-        wait = self._status_wait(key, pending)
         if wait > 0:
             return wait
         self._held_since.pop(key, None)

@@ -574,10 +574,10 @@ def test_status_changed():
 _observed_rv = iter(range(90000, 100000))
 
 
-def observe_rollout(mgr, replicas=None):
+def observe_rollout(mgr, replicas=None, key=KEY):
     """Play the Deployment controller: it has seen the current Deployment generation
     and made `replicas` pods of it (default: all of spec.replicas), none ready yet."""
-    deployment = mgr.client.obj(DEPLOYMENTS)
+    deployment = mgr.client.obj(DEPLOYMENTS, key)
     if replicas is None:
         replicas = deployment["spec"]["replicas"]
     deployment.setdefault("status", {}).update({
@@ -705,6 +705,31 @@ def test_a_rollout_in_progress_is_reported_at_most_once_per_window(mgr, reconcil
     assert reconciler(KEY) is None
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert mgr.client.obj(MY)["status"]["replicas"] == 3
+
+
+def test_while_the_deployment_controller_answers_late_the_status_is_not_held(clock):
+    """Under a burst it answers after the window (and a held key would go back to the
+    end of a long queue): the first status goes out with the children, as SPEC says."""
+    hold = controller.STATUS_COALESCE_SECONDS
+    mgr = FakeManager()
+    reconciler = MyReconciler(mgr, now=lambda: "T", clock=clock)
+    for name, answer_after in (("slow-1", 10 * hold), ("slow-2", 10 * hold)):
+        key = ObjectKey("default", name)
+        mgr.client.put(MY, make_my(name=name))
+        mgr.sync()
+        reconciler(key)
+        clock.advance(answer_after)
+        mgr.sync()
+        observe_rollout(mgr, key=key)
+        assert reconciler(key) is None       # a sample of how long the answer took
+    key = ObjectKey("default", "next")
+    mgr.client.put(MY, make_my(name="next"))
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(key) is None
+    assert [c[0] for c in mgr.client.writes()] == ["apply-create", "apply-create",
+                                                    "patch_status"]
+    assert mgr.client.obj(MY, key)["status"]["observedGeneration"] == 1
 
 
 def test_failures_are_reported_without_holding(mgr, reconciler):
