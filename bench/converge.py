@@ -533,8 +533,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "latency, churn and start-up at the largest size (default: "
                              "%(default)s; the worker counts matter for bursts and churn)")
     parser.add_argument("--sweep-runs", type=int, default=1,
-                        help="runs that include the operators not in --full (their bursts "
-                             "show how the worker count matters; default: %(default)s)")
+                        help="runs that include ours with other than 4 workers (their "
+                             "bursts show how the worker count matters; default: "
+                             "%(default)s)")
     parser.add_argument("--idle-seconds", type=float, default=120.0,
                         help="quiet period after convergence (default: 120)")
     parser.add_argument("--latency-count", type=int, default=50,
@@ -601,8 +602,10 @@ def main(argv: list[str] | None = None) -> int:
         largest = max(args.sizes)
         for run in range(1, args.runs + 1):
             # Every other run in reverse order, so no operator always goes first;
-            # the sweep (operators not in --full) only in the first --sweep-runs runs.
-            order = [k for k in args.operators if k in args.full or run <= args.sweep_runs]
+            # the worker sweep (ours with other than 4 workers) only in the first
+            # --sweep-runs runs.
+            order = [k for k in args.operators
+                     if not (k.startswith("ours-w") and k != HEADLINE) or run <= args.sweep_runs]
             for key in (order if run % 2 else order[::-1]):
                 for size in args.sizes:
                     log(f"run {run}/{args.runs}: {key}, {size} objects")
