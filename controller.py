@@ -755,9 +755,27 @@ class MyReconciler:
         finally:
             self._report_changes(my, changes)
 
-        wait = self._write_status(key, my, lives[DEPLOYMENTS],
-                                  pending=_is_rollout_pending(lives[DEPLOYMENTS]))
+        deployment = self._reported_deployment(key, my, lives[DEPLOYMENTS])
+        wait = self._write_status(key, my, deployment, pending=_is_rollout_pending(deployment))
         return Result(requeue_after_seconds=wait) if wait else None
+
+    def _reported_deployment(self, key: ObjectKey, my: dict, deployment: dict | None
+                             ) -> dict | None:
+        """The Deployment the status reports on: `deployment` (as our apply answered or
+        the cache showed it), or the informer's copy when that already carries the
+        Deployment controller's answer for the same generation. The answer can arrive
+        while this reconcile applies the Service and posts its Event; reporting it
+        saves the status write that would follow. Same generation, so the same spec,
+        and a status at or past ours. Read from the store, not through the memo: a miss
+        there must not drop the memo of our own write."""
+        if deployment is None or not _is_rollout_pending(deployment):
+            return deployment
+        cached = self.mgr.store(DEPLOYMENTS).get(key)
+        if cached is not None and is_controlled_by(cached, my) and \
+                _meta(cached).get("generation") == _meta(deployment).get("generation") and \
+                not _is_rollout_pending(cached):
+            return cached
+        return deployment
 
     # -- children -------------------------------------------------------
 

@@ -732,6 +732,35 @@ def test_while_the_deployment_controller_answers_late_the_status_is_not_held(clo
     assert mgr.client.obj(MY, key)["status"]["observedGeneration"] == 1
 
 
+def test_an_answer_that_arrives_during_the_reconcile_is_reported_in_one_write(mgr, reconciler):
+    """The Deployment controller answers while we apply the Service: the status
+    reports its counts at once, and nothing is left to write."""
+    real_apply = mgr.client.apply
+
+    def apply_then_answer(resource, obj, **kw):
+        applied = real_apply(resource, obj, **kw)
+        if resource == SERVICES:            # the Deployment was created just before
+            observe_rollout(mgr)            # ... and the informer has its answer
+        return applied
+    mgr.client.apply = apply_then_answer
+    assert reconciler(KEY) is None
+    status = mgr.client.obj(MY)["status"]
+    assert (status["observedGeneration"], status["replicas"]) == (1, 1)
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(KEY) is None and mgr.client.calls == []
+
+
+def test_an_answer_for_an_older_generation_is_not_reported_as_current(mgr, reconciler):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)
+    mgr.sync()
+    change_spec(mgr, replicas=3)             # the Deployment goes to generation 2
+    assert isinstance(reconciler(KEY), Result)   # the cache still shows generation 1, answered
+    assert mgr.client.writes() == [("apply", "deployments", "foobar")]
+
+
 def test_failures_are_reported_without_holding(mgr, reconciler):
     mgr.client.obj(MY)["spec"]["replicas"] = 1000
     mgr.sync()
