@@ -239,7 +239,9 @@ def _git(*args: str) -> str:
 
 def _source_changed() -> bool:
     """Uncommitted changes other than benchmark outputs (make bench writes those first)."""
-    return any(not line[3:].startswith(("bench/results/", "bench/RESULTS"))
+    # "XY path": _git strips the output, so the first line may have lost its leading
+    # space; the path is what follows the status letters.
+    return any(not line.split(maxsplit=1)[-1].startswith(("bench/results/", "bench/RESULTS"))
                for line in _git("status", "--porcelain").splitlines() if line.strip())
 
 
@@ -503,8 +505,8 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
         out.append("- All steady (every status showing the Deployment controller's final "
                    "counts): " + ", ".join(f"{labels.get(op, op)} {t:.0f} s"
                                            for op, t in steady.items()) +
-                   ". That end is kube-controller-manager's pace, about the same under "
-                   "every operator; the per-object figures are what the operators decide.")
+                   ": the end of kube-controller-manager's work, plus each operator's "
+                   "last reaction to it.")
     return out + [""]
 
 
