@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side by side on the real control plane: my-controller, a controller-runtime peer, kopf.
 
-    python bench/converge.py --idle-seconds 30   # what `make bench` runs: ~20 min on 2 cores
+    python bench/converge.py --idle-seconds 30 --no-footprint   # make bench: 13-22 min, 2 cores
     python bench/converge.py --quick             # smoke run: 20 objects, 1 run, ~3 minutes
     python bench/converge.py --runs 1 --full '' --operators ours-w4,cr-w4
 
@@ -515,7 +515,7 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/converge.py", description=__doc__.split("\n\n")[0],
-        epilog="`make bench` runs it with --idle-seconds 30 --no-footprint (about 20 minutes "
+        epilog="`make bench` runs it with --idle-seconds 30 --no-footprint (13-22 minutes "
                "on 2 cores); --quick is a smoke run.")
     parser.add_argument("--sizes", default="1000",
                         help="burst sizes, comma-separated; idle, latency, churn and start-up "
