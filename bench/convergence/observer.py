@@ -91,14 +91,18 @@ class Observer:
 
     def track(self, expected: Iterable[tuple[str, str]], predicate: Predicate) -> Tracker:
         """A tracker fed from now on, and at once with what is already cached."""
-        tracker = Tracker(expected, predicate)
+        return self.listen(Tracker(expected, predicate))
+
+    def listen(self, listener):
+        """Any object with Tracker's `offer(kind, obj, at)`: fed every version from now on,
+        and at once with what is already cached."""
         now = time.monotonic()
         with self.lock:
             for kind, objs in self.objects.items():
                 for obj in objs.values():
-                    tracker.offer(kind, obj, now)
-            self._trackers.append(tracker)
-        return tracker
+                    listener.offer(kind, obj, now)
+            self._trackers.append(listener)
+        return listener
 
     def untrack(self, tracker: Tracker) -> None:
         with self.lock:

@@ -95,6 +95,17 @@ class OperatorProcess:
         """The start-up figure: seconds from process start to "ready"."""
         raise NotImplementedError
 
+    def wait_ready_line(self, timeout_seconds: float) -> float:
+        """Seconds from start to the first log line matching `ready_pattern`."""
+        deadline = self.started_at + timeout_seconds
+        while time.monotonic() < deadline:
+            if self.ready_line_at is not None:
+                return self.ready_line_at - self.started_at
+            self.check_alive()
+            time.sleep(0.01)
+        raise TimeoutError(f"{self.label}: no log line matching {self.ready_pattern.pattern!r} "
+                           f"within {timeout_seconds} s")
+
     def processed_count(self) -> int:
         """How many objects it has processed since start (start-up scenario)."""
         with self._lines_lock:
@@ -215,18 +226,56 @@ class OurOperator(OperatorProcess):
     wait_started = wait_ready_for_startup
 
     def processed_count(self) -> int:
-        """Reconciles finished since start (controller_runtime_reconcile_total, all results)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                        timeout=2.0) as resp:
-                text = resp.read().decode()
-        except OSError:
-            return 0
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("controller_runtime_reconcile_total{"):
-                total += float(line.rsplit(" ", 1)[1])
-        return int(total)
+        return reconciles_finished(self.metrics_port)
+
+
+def reconciles_finished(metrics_port: int) -> int:
+    """Reconciles finished since start (controller_runtime_reconcile_total, all results):
+    ours and controller-runtime export it under the same name."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                    timeout=2.0) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("controller_runtime_reconcile_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+class ControllerRuntimeOperator(OperatorProcess):
+    """The controller-runtime peer (bench/peers/crpeer, Go), watching the bench's namespace.
+
+    "Ready" is its log line "Starting workers": controller-runtime starts the
+    workers once every informer of the controller has synced.
+    """
+
+    ready_pattern = re.compile(r'"Starting workers"')
+
+    def __init__(self, *args, workers: int, binary: Path, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.workers = workers
+        self.binary = binary
+        self.key = f"cr-w{workers}"
+        self.label = f"controller-runtime peer, {workers} workers"
+        self.metrics_port = 0
+
+    def argv(self) -> list[str]:
+        self.metrics_port = free_port()
+        return [str(self.binary), "--kubeconfig", str(self.kubeconfig),
+                "--namespace", self.namespace, "--workers", str(self.workers),
+                "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
+                "--health-probe-bind-address", "0"]
+
+    def wait_ready_for_startup(self, timeout_seconds: float) -> float:
+        return self.wait_ready_line(timeout_seconds)
+
+    wait_started = wait_ready_for_startup
+
+    def processed_count(self) -> int:
+        return reconciles_finished(self.metrics_port)
 
 
 class KopfOperator(OperatorProcess):
@@ -261,10 +310,4 @@ class KopfOperator(OperatorProcess):
         raise TimeoutError(f"kopf: liveness not 200 within {timeout_seconds} s")
 
     def wait_ready_for_startup(self, timeout_seconds: float) -> float:
-        deadline = self.started_at + timeout_seconds
-        while time.monotonic() < deadline:
-            if self.ready_line_at is not None:
-                return self.ready_line_at - self.started_at
-            self.check_alive()
-            time.sleep(0.01)
-        raise TimeoutError(f"kopf: no handler ran within {timeout_seconds} s")
+        return self.wait_ready_line(timeout_seconds)

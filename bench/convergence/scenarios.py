@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .cluster import MY, BenchCluster
 from .observer import Observer
 from .operators import OperatorProcess
+from .perobject import PerObject
 
 MIB = 1024 * 1024
 ENV_NAME = "FOO"
@@ -23,6 +24,7 @@ ENV_NAME = "FOO"
 class Settings:
     replicas: int = 1
     load_threads: int = 16
+    create_rate: float = 0.0               # My creates per second in a burst; 0: as fast as possible
     idle_seconds: float = 120.0
     latency_count: int = 50
     settle_quiet_seconds: float = 3.0     # no operator write for this long = settled
@@ -127,36 +129,69 @@ def settle(cluster: BenchCluster, observer: Observer, op: OperatorProcess, mark,
 
 def _counts(cluster, mark, objects: int) -> dict:
     counts = cluster.counter.since(mark)
+    events = sum(n for what, n in counts.by_kind.items() if what.endswith(" events"))
     return {"writes": counts.writes, "writes_per_object": counts.writes / max(objects, 1),
+            # Writes to the My and its children (Deployment, Service, status), Events apart.
+            "object_writes_per_object": (counts.writes - events) / max(objects, 1),
+            "events_per_object": events / max(objects, 1),
             "reads": counts.reads, "failed_writes": counts.failed_writes,
             "writes_by_kind": dict(sorted(counts.by_kind.items()))}
+
+
+def _paced(threads: int, rate: float, fn, items) -> float:
+    """fn(item) for item i at t0 + i / rate (all at once when rate is 0), on a thread
+    pool so a slow answer does not delay the next create; seconds taken."""
+    if not rate:
+        return _parallel(threads, fn, items)
+    t0 = time.monotonic()
+
+    def at_its_time(indexed):
+        index, item = indexed
+        delay = t0 + index / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        fn(item)
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(at_its_time, enumerate(items)):
+            pass
+    return time.monotonic() - t0
 
 
 # -- the scenarios
 
 def burst(cluster: BenchCluster, observer: Observer, op: OperatorProcess, namespace: str,
           count: int, settings: Settings) -> dict:
-    """Create `count` My objects as fast as the apiserver takes them; time to all converged."""
+    """Create `count` My objects (at settings.create_rate per second, or as fast as the
+    apiserver takes them); time to all converged, overall and per object (perobject.py)."""
     todo = names("my", count)
     tracker = observer.track([(kind, n) for n in todo for kind in ("my", "deployment", "service")],
                              converged)
+    each = observer.listen(PerObject(todo))
     mark, cpu0, plane0 = cluster.counter.mark(), op.cpu_seconds(), cluster.control_plane_cpu()
+
+    def create(name: str) -> None:
+        each.sent(name, time.monotonic())
+        cluster.client.create(MY, my_object(name, "v0", settings.replicas), namespace=namespace)
+
     t0 = time.monotonic()
-    creates = _parallel(settings.load_threads, lambda n: cluster.client.create(
-        MY, my_object(n, "v0", settings.replicas), namespace=namespace), todo)
-    if not tracker.wait(settings.converge_timeout_seconds):
+    creates = _paced(settings.load_threads, settings.create_rate, create, todo)
+    if not tracker.wait(settings.converge_timeout_seconds) or \
+            not each.wait_all_converged(settings.converge_timeout_seconds):
         raise TimeoutError(f"burst {count}: {len(tracker.pending)} of {3 * count} not "
-                           f"converged after {settings.converge_timeout_seconds:.0f} s, e.g. "
-                           f"{sorted(tracker.pending)[:3]}")
+                           f"observed, {len(each.pending())} statuses not converged after "
+                           f"{settings.converge_timeout_seconds:.0f} s, e.g. "
+                           f"{sorted(tracker.pending)[:3]} {each.pending()[:3]}")
     converge = tracker.last() - t0
     cpu_converged = op.cpu_seconds() - cpu0
     observer.untrack(tracker)
     settled = settle(cluster, observer, op, mark, settings)
+    observer.untrack(each)
     by_kind = {kind: max(t for (k, _), t in tracker.seen.items() if k == kind) - t0
                for kind in ("deployment", "service", "my")}
     return {
         "converge_seconds": converge,
         "objects_per_second": count / converge,
+        **each.figures(t0),
         "creates_seconds": creates,
         "last_deployment_seconds": by_kind["deployment"],
         "last_service_seconds": by_kind["service"],
@@ -222,7 +257,7 @@ def idle(cluster: BenchCluster, op: OperatorProcess, settings: Settings) -> dict
 def latency(cluster: BenchCluster, observer: Observer, op: OperatorProcess, namespace: str,
             settings: Settings) -> dict:
     """One create at a time on an idle operator: create -> Deployment observed."""
-    samples = []
+    samples, status_samples = [], []
     for name in names("lat", settings.latency_count):
         deployment = observer.track([("deployment", name)], converged)
         status = observer.track([("my", name)], converged)
@@ -231,15 +266,22 @@ def latency(cluster: BenchCluster, observer: Observer, op: OperatorProcess, name
         if not deployment.wait(30.0):
             raise TimeoutError(f"latency: Deployment {name} not observed within 30 s")
         samples.append(deployment.last() - t0)
-        status.wait(30.0)                     # let it finish, so the next create finds it idle
+        # create -> observedGeneration and a Ready condition; also lets it finish, so
+        # the next create finds the operator idle
+        if status.wait(30.0):
+            status_samples.append(status.last() - t0)
         observer.untrack(deployment)
         observer.untrack(status)
         time.sleep(0.2)
         op.check_alive()
     ms = sorted(s * 1000.0 for s in samples)
     cuts = statistics.quantiles(ms, n=100, method="inclusive")
+    status_ms = sorted(s * 1000.0 for s in status_samples)
     return {"count": len(ms), "p50_ms": statistics.median(ms), "p90_ms": cuts[89],
-            "p99_ms": cuts[98], "min_ms": ms[0], "max_ms": ms[-1]}
+            "p99_ms": cuts[98], "min_ms": ms[0], "max_ms": ms[-1],
+            "status_count": len(status_ms),
+            "status_p50_ms": statistics.median(status_ms) if status_ms else None,
+            "status_max_ms": status_ms[-1] if status_ms else None}
 
 
 def churn(cluster: BenchCluster, observer: Observer, op: OperatorProcess, namespace: str,

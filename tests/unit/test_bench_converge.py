@@ -18,6 +18,7 @@ sys.path.insert(0, str(BENCH))
 
 from convergence import report  # noqa: E402
 from convergence.cluster import BENCH_USER_AGENT, AuditLog  # noqa: E402
+from convergence.perobject import PerObject, _quantile, agrees  # noqa: E402
 from convergence.scenarios import converged, env_value, status_current  # noqa: E402
 
 
@@ -60,18 +61,21 @@ def test_ratios_pair_runs_in_order_and_skip_failed_ones():
 
 def test_goals_report_the_margin():
     agg = {"ours-w4": {"idle": {"writes": report.summary([0, 0, 2])},
-                       "latency": {"p99_ms": report.summary([50.0])},
-                       "startup": {"ready_seconds": report.summary([1.5])}}}
-    rat = {"ours-w4": {"burst_1000": {"converge_seconds": report.summary([0.5]),
-                                      "cpu_seconds": report.summary([0.25]),
-                                      "peak_rss_mib": report.summary([0.6])}}}
-    goals = {g["goal"].split(" ")[0] + str(i): g
-             for i, g in enumerate(report.goals(agg, rat, op="ours-w4", size=1000))}
-    met = [g["met"] for g in goals.values()]
-    assert met == [False, True, False, True, True, False]
-    lines = "\n".join(report.goal_lines(list(goals.values())))
-    assert "1.5x short of the goal" in lines          # 2x faster against 3x
-    assert "1.5x the limit" in lines                  # ready in 1.5 s against 1 s
+                       "latency": {"p99_ms": report.summary([50.0]),
+                                   "status_max_ms": report.summary([1500.0])},
+                       "startup": {"ready_seconds": report.summary([0.5])},
+                       "burst_1000": {"object_writes_per_object": report.summary([3.1])}}}
+    rat = {"ours-w4": {"burst_1000": {"converged_p50_seconds": report.summary([0.5]),
+                                      "converged_p99_seconds": report.summary([1.6]),
+                                      "all_converged_seconds": report.summary([0.8]),
+                                      "cpu_seconds": report.summary([0.6])}}}
+    goals = report.goals(agg, rat, op="ours-w4", size=1000, reference="cr-w4")
+    assert [g["met"] for g in goals] == [True, False, True, True, True, False, True, True,
+                                         True]
+    assert "cr-w4" in goals[0]["goal"]
+    lines = "\n".join(report.goal_lines(goals))
+    assert "2.0x the limit" in lines                  # p99 1.6x against 0.8x
+    assert "1.5x the limit" in lines                  # first status in 1.5 s against 1 s
 
 
 @pytest.mark.parametrize("status, ok", [
@@ -114,3 +118,59 @@ def test_the_watch_decode_section_takes_every_ratio_from_its_report():
     assert "0.80 end to end" in text and "0.94 of the bare" in text       # 16/20, 16/17
     assert "10.0x less CPU per event" in text and "1.25x against" in text   # 200/20, 25/20
     assert "18.0 vs 22.0 CPU µs/event" in text and "2026-11-30T00:00:00Z" in text
+
+
+def _my(status=None, generation=1):
+    return {"metadata": {"name": "my-0000", "generation": generation}, "status": status or {}}
+
+
+def _deployment(**status):
+    return {"metadata": {"name": "my-0000", "generation": 1}, "spec": {"replicas": 1},
+            "status": status}
+
+
+def _progressing(replicas=0, generation=1):
+    return {"observedGeneration": generation, "replicas": replicas, "readyReplicas": 0,
+            "conditions": [{"type": "Ready", "status": "False", "reason": "Progressing"}]}
+
+
+def test_an_early_status_agrees_with_a_deployment_not_yet_observed_until_its_counts_come():
+    early = _my(_progressing())
+    assert agrees(early, _deployment())                     # nothing observed yet: 0, not ready
+    assert not agrees(early, _deployment(observedGeneration=1, replicas=1, updatedReplicas=1))
+    assert agrees(_my(_progressing(replicas=1)),
+                  _deployment(observedGeneration=1, replicas=1, updatedReplicas=1))
+    assert not agrees(_my(), _deployment())                 # no status at all
+    assert not agrees(_my(_progressing(), generation=2), _deployment())   # an older generation
+    assert not agrees(early, None)
+    available = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1,
+                 "conditions": [{"type": "Ready", "status": "True", "reason": "Available"}]}
+    ready = _deployment(observedGeneration=1, replicas=1, updatedReplicas=1, readyReplicas=1)
+    assert agrees(_my(available), ready)
+    assert not agrees(_my(dict(_progressing(replicas=1), readyReplicas=1)), ready)
+
+
+def test_per_object_times_converged_first_status_and_steady():
+    each = PerObject(["my-0000"])
+    each.sent("my-0000", 10.0)
+    each.offer("my", _my(), 10.1)
+    each.offer("deployment", _deployment(), 10.5)
+    assert each.pending() == ["my-0000"]
+    each.offer("my", _my(_progressing()), 11.0)             # early status: converged
+    each.offer("deployment", _deployment(observedGeneration=1, replicas=1, updatedReplicas=1),
+               14.0)                                       # counts come: no longer agrees
+    assert not each.all_agree()
+    each.offer("my", _my(_progressing(replicas=1)), 14.5)   # reported: steady
+    assert each.wait_all_converged(0) and each.all_agree()
+    figures = each.figures(t0=10.0)
+    assert figures["converged_p50_seconds"] == pytest.approx(1.0)
+    assert figures["first_status_max_seconds"] == pytest.approx(1.0)
+    assert figures["steady_p99_seconds"] == pytest.approx(4.5)
+    assert figures["deployment_p50_seconds"] == pytest.approx(0.5)
+    assert figures["all_converged_seconds"] == pytest.approx(1.0)
+
+
+def test_nearest_rank_quantile_is_a_measured_value():
+    values = [float(v) for v in range(1, 1001)]
+    assert _quantile(values, 0.99) == 990.0 and _quantile(values, 0.5) == 500.0
+    assert _quantile([3.0], 0.99) == 3.0

@@ -29,6 +29,7 @@ from k8s_http import (
     Result,
     parse_duration, set_condition,
 )
+from tests.support.clock import FakeClock
 
 from k8s_http.store import Store
 
@@ -296,11 +297,17 @@ def mgr():
 
 
 @pytest.fixture
-def reconciler(mgr):
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def reconciler(mgr, clock):
     # each event 1000 s apart: the rate limit stays out of the way
-    clock = itertools.count(0, 1000)
-    recorder = EventRecorder(mgr.client, component="my-controller", instance="test", clock=lambda: float(next(clock)))
-    return MyReconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z")
+    event_clock = itertools.count(0, 1000)
+    recorder = EventRecorder(mgr.client, component="my-controller", instance="test",
+                             clock=lambda: float(next(event_clock)))
+    return MyReconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z", clock=clock)
 
 
 def set_deployment_status(mgr, **status):
@@ -625,18 +632,23 @@ def test_status_changed():
 _observed_rv = iter(range(90000, 100000))
 
 
-def observe_rollout(mgr):
-    """Play the Deployment controller: it has seen the current Deployment generation."""
-    deployment = mgr.client.obj(DEPLOYMENTS)
-    deployment.setdefault("status", {})["observedGeneration"] = \
-        deployment["metadata"]["generation"]
+def observe_rollout(mgr, replicas=None, key=KEY):
+    """Play the Deployment controller: it has seen the current Deployment generation
+    and made `replicas` pods of it (default: all of spec.replicas), none ready yet."""
+    deployment = mgr.client.obj(DEPLOYMENTS, key)
+    if replicas is None:
+        replicas = deployment["spec"]["replicas"]
+    deployment.setdefault("status", {}).update({
+        "observedGeneration": deployment["metadata"]["generation"],
+        "replicas": replicas, "updatedReplicas": replicas})
     deployment["metadata"]["resourceVersion"] = str(next(_observed_rv))
     mgr.sync()
     mgr.client.reset()
 
 
 def test_first_reconcile_creates_both_children_and_writes_status_once(mgr, reconciler):
-    assert reconciler(KEY) is None
+    # The status is held for the Deployment controller's answer, at most this long.
+    assert reconciler(KEY) == Result(requeue_after_seconds=controller.STATUS_COALESCE_SECONDS)
     # No GET: a child missing from the cache is created with a create-only apply,
     # which the apiserver refuses (409) if the name is taken.
     assert [c for c in mgr.client.calls if c[0] != "create"] == [
@@ -654,14 +666,16 @@ def test_first_reconcile_creates_both_children_and_writes_status_once(mgr, recon
     # its status update brings us back (one status write per create, not two).
     assert "status" not in mgr.client.obj(MY) or not mgr.client.obj(MY)["status"]
     observe_rollout(mgr)
-    reconciler(KEY)
+    assert reconciler(KEY) is None
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     status = mgr.client.obj(MY)["status"]
     assert status["conditions"][0]["reason"] == "Progressing"
-    assert status["observedGeneration"] == 1
+    assert (status["observedGeneration"], status["replicas"], status["readyReplicas"]) == (1, 1, 0)
 
 
 def test_converged_reconciles_write_nothing(mgr, reconciler):
+    reconciler(KEY)
+    observe_rollout(mgr)
     reconciler(KEY)
     mgr.sync()
     mgr.client.reset()
@@ -692,6 +706,149 @@ def test_deployment_progress_is_reported_once(mgr, reconciler):
     assert mgr.client.calls == []
 
 
+def change_spec(mgr, **spec):
+    """A user edits the My's spec: a new generation, seen by the caches."""
+    my = mgr.client.obj(MY)
+    my["spec"].update(spec)
+    my["metadata"]["generation"] += 1
+    my["metadata"]["resourceVersion"] = "6000"
+    mgr.sync()
+    mgr.client.reset()
+
+
+def test_a_late_deployment_controller_gets_an_early_status_then_one_more(mgr, reconciler,
+                                                                          clock):
+    """The Deployment controller has not answered within the window: the user sees
+    observedGeneration and Progressing at its end anyway, then its counts when it does."""
+    hold = controller.STATUS_COALESCE_SECONDS
+    assert reconciler(KEY) == Result(requeue_after_seconds=hold)
+    mgr.sync()
+    mgr.client.reset()
+    clock.advance(hold * 0.6)            # a watch event on the way: still held, for the rest
+    assert reconciler(KEY) == Result(requeue_after_seconds=pytest.approx(hold * 0.4))
+    assert mgr.client.writes() == []
+    clock.advance(hold * 0.4)            # the requeue: written as it stands
+    assert reconciler(KEY) is None
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
+    status = mgr.client.obj(MY)["status"]
+    cond = status["conditions"][0]
+    assert (status["observedGeneration"], cond["status"], cond["reason"]) == (1, "False",
+                                                                              "Progressing")
+    assert "update pending" in cond["message"] and status["replicas"] == 0
+    # The Deployment controller answers: its counts are written at once, once.
+    observe_rollout(mgr)
+    assert reconciler(KEY) is None
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert mgr.client.obj(MY)["status"]["replicas"] == 1
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(KEY) is None and mgr.client.calls == []
+
+
+def test_a_rollout_in_progress_is_reported_at_most_once_per_window(mgr, reconciler, clock):
+    hold = controller.STATUS_COALESCE_SECONDS
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)                      # status: 1 replica, Progressing
+    change_spec(mgr, replicas=3)
+    assert reconciler(KEY) == Result(requeue_after_seconds=hold)   # Deployment scaled, held
+    observe_rollout(mgr, replicas=2)     # seen, but one pod still to come
+    assert reconciler(KEY) == Result(requeue_after_seconds=hold)
+    assert mgr.client.writes() == []
+    clock.advance(hold)
+    assert reconciler(KEY) is None       # the window is over: 2 of 3 is what there is
+    status = mgr.client.obj(MY)["status"]
+    assert (status["observedGeneration"], status["replicas"]) == (2, 2)
+    observe_rollout(mgr)                 # done: written at once
+    assert reconciler(KEY) is None
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert mgr.client.obj(MY)["status"]["replicas"] == 3
+
+
+def test_while_the_deployment_controller_answers_late_the_status_is_not_held(clock):
+    """Under a burst it answers after the window (and a held key would go back to the
+    end of a long queue): the first status goes out with the children, as SPEC says."""
+    hold = controller.STATUS_COALESCE_SECONDS
+    mgr = FakeManager()
+    reconciler = MyReconciler(mgr, now=lambda: "T", clock=clock)
+    for name, answer_after in (("slow-1", 10 * hold), ("slow-2", 10 * hold)):
+        key = ObjectKey("default", name)
+        mgr.client.put(MY, make_my(name=name))
+        mgr.sync()
+        reconciler(key)
+        clock.advance(answer_after)
+        mgr.sync()
+        observe_rollout(mgr, key=key)
+        assert reconciler(key) is None       # a sample of how long the answer took
+    key = ObjectKey("default", "next")
+    mgr.client.put(MY, make_my(name="next"))
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(key) is None
+    assert [c[0] for c in mgr.client.writes()] == ["apply-create", "apply-create",
+                                                    "patch_status"]
+    assert mgr.client.obj(MY, key)["status"]["observedGeneration"] == 1
+
+
+def test_an_answer_that_arrives_during_the_reconcile_is_reported_in_one_write(mgr, reconciler):
+    """The Deployment controller answers while we apply the Service: the status
+    reports its counts at once, and nothing is left to write."""
+    real_apply = mgr.client.apply
+
+    def apply_then_answer(resource, obj, **kw):
+        applied = real_apply(resource, obj, **kw)
+        if resource == SERVICES:            # the Deployment was created just before
+            observe_rollout(mgr)            # ... and the informer has its answer
+        return applied
+    mgr.client.apply = apply_then_answer
+    assert reconciler(KEY) is None
+    status = mgr.client.obj(MY)["status"]
+    assert (status["observedGeneration"], status["replicas"]) == (1, 1)
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(KEY) is None and mgr.client.calls == []
+
+
+def test_an_answer_for_an_older_generation_is_not_reported_as_current(mgr, reconciler):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)
+    mgr.sync()
+    change_spec(mgr, replicas=3)             # the Deployment goes to generation 2
+    assert isinstance(reconciler(KEY), Result)   # the cache still shows generation 1, answered
+    assert mgr.client.writes() == [("apply", "deployments", "foobar")]
+
+
+def test_failures_are_reported_without_holding(mgr, reconciler):
+    mgr.client.obj(MY)["spec"]["replicas"] = 1000
+    mgr.sync()
+    assert reconciler(KEY) is None
+    assert mgr.client.obj(MY)["status"]["conditions"][0]["reason"] == "InvalidSpec"
+
+
+def test_a_deleted_my_forgets_its_held_status(mgr, reconciler):
+    reconciler(KEY)
+    assert KEY in reconciler._held_since
+    mgr.forget(MY)
+    reconciler(KEY)
+    assert KEY not in reconciler._held_since
+
+
+@pytest.mark.parametrize("status, pending", [
+    (None, True),                                                     # not seen yet
+    ({"observedGeneration": 1}, True),                                # seen, no pods yet
+    ({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 1}, True),   # rolling
+    ({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1}, False),  # not ready: done
+    ({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}, False),
+])
+def test_is_rollout_pending(status, pending):
+    deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 1}}
+    if status is not None:
+        deployment["status"] = status
+    assert controller._is_rollout_pending(deployment) is pending
+    assert controller._is_rollout_pending(None) is False
+
+
 def test_drift_is_put_back(mgr, reconciler):
     reconciler(KEY)
     dep = mgr.client.obj(DEPLOYMENTS)
@@ -720,12 +877,7 @@ def test_a_deleted_child_is_recreated(mgr, reconciler):
 def test_a_spec_change_updates_the_children_and_the_generation(mgr, reconciler):
     reconciler(KEY)
     mgr.sync()
-    my = mgr.client.obj(MY)
-    my["spec"]["replicas"] = 3
-    my["metadata"]["generation"] = 2
-    my["metadata"]["resourceVersion"] = "6000"
-    mgr.sync()
-    mgr.client.reset()
+    change_spec(mgr, replicas=3)
     reconciler(KEY)
     assert mgr.client.writes() == [("apply", "deployments", "foobar")]
     observe_rollout(mgr)
@@ -802,7 +954,7 @@ def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
     del mgr.client.objects[("deployments", KEY)]
     mgr.sync()
     mgr.client.reset()
-    assert reconciler(KEY) is None
+    assert reconciler(KEY) == Result(requeue_after_seconds=controller.STATUS_COALESCE_SECONDS)
     assert [c[0] for c in mgr.client.writes()] == ["apply-create", "apply-create"]
     observe_rollout(mgr)
     reconciler(KEY)
@@ -833,7 +985,7 @@ def test_a_reconcile_before_the_watch_brings_our_children_writes_nothing(mgr, re
     there is no second create attempt (2 child writes per new My, refused ones included)."""
     reconciler(KEY)
     mgr.client.reset()
-    assert reconciler(KEY) is None
+    reconciler(KEY)                     # (the status may be held for the Deployment controller)
     assert mgr.client.calls == []
 
 
@@ -842,7 +994,7 @@ def test_our_child_missing_from_a_lagging_cache_is_not_a_conflict(mgr, reconcile
     mgr.forget(DEPLOYMENTS)             # nor our writes (a restart)
     mgr.forget(SERVICES)
     mgr.client.reset()
-    assert reconciler(KEY) is None
+    assert reconciler(KEY) == Result(requeue_after_seconds=controller.STATUS_COALESCE_SECONDS)
     # refused creates, then a read of each shows they are ours and as desired
     assert mgr.client.calls == [
         ("apply-refused", "deployments", "foobar"), ("get", "deployments", "foobar"),
