@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
 from .backoff import Backoff
+from .defaults import WATCH_STALL_TIMEOUT_SECONDS
 from .errors import (ApiConnectionError, ApiError, ApiTimeoutError, GoneError, K8sHttpError,
                      ProtocolError, from_status, is_too_large_resource_version)
 from .metrics import Metrics
@@ -68,7 +69,7 @@ MIN_WATCH_TIMEOUT_SECONDS = 300
 MAX_WATCH_TIMEOUT_SECONDS = 600
 # The apiserver sends a bookmark about every 60 s on a quiet watch; 90 s of no
 # complete event means the connection is dead even if the socket says otherwise.
-STALL_TIMEOUT_SECONDS = 90.0
+STALL_TIMEOUT_SECONDS = WATCH_STALL_TIMEOUT_SECONDS
 # /healthz fails once a watch has gone this many stall periods in a row
 # without progress while its connections succeed (SPEC.md section 4).
 STALLS_UNHEALTHY = 3

@@ -32,6 +32,7 @@ import json
 import re
 from typing import Iterator, NamedTuple
 
+from .defaults import MAX_WATCH_LINE_BYTES
 from .errors import ProtocolError
 
 __all__ = [
@@ -246,7 +247,7 @@ class LineDecoder:
     ERROR event is always returned, so that an error is never lost.
     """
 
-    def __init__(self, *, max_line_bytes: int = 16 * 1024 * 1024):
+    def __init__(self, *, max_line_bytes: int = MAX_WATCH_LINE_BYTES):
         self.max_line_bytes = max_line_bytes
         self.skipped = 0
         # Invariants: _buf[:_start] is consumed (dropped at the next feed);
