@@ -922,7 +922,8 @@ class MyReconciler:
                 self._write_status(key, my, self._our_cached_deployment(key, my),
                                    condition=(APPLY_FAILED, message))
             except Exception as status_err:  # the apply error is the one to report
-                log.warning("could not record ApplyFailed on %s: %s", key, status_err)
+                log.warning("could not record ApplyFailed on %s", key,
+                            extra={"error": f"{type(status_err).__name__}: {status_err}"})
             raise  # the runner retries with backoff
         finally:
             self._report_changes(my, changes)
