@@ -539,13 +539,13 @@ def markdown(data: dict) -> str:
             "(the writes-after-delete figure was added to the script after this run started).",
             ""]),
         *([] if not sum(data.get("writes_after_owner_deleted", {}).values()) else [
-            "Writes on the children of a deleted `My` are the stale-cache loop of issue 15 "
-            "item 3: while the `My` watch is down or silent, a `My` deleted in the meantime "
-            "is still in the cache, so each Deployment and Service the garbage collector "
-            "removes is re-created about once a second until the watch recovers. Nothing is "
-            "lost and everything converges, but the operator fights the garbage collector; the "
-            "fix (re-create a vanished child only after a live read confirms its `My`) is the "
-            "lead's part of the issue, and this row is what should drop to ~0 with it.",
+            "Writes on the children of a deleted `My`: the stale-cache loop of issue 15 item 3 "
+            "(while the `My` watch is down or silent, a `My` deleted meanwhile is still cached, "
+            "and each child the garbage collector removes would be re-created about once a "
+            "second). The controller re-creates a vanished child only after a live read shows "
+            "its `My` with the same uid; what remains is the race of a `My` deleted right "
+            "after that read (the run before the guard, at git c6cf108, counted 25,354 such "
+            "writes on 295 of 599 deleted `My`s).",
             ""]),
         "apiserver kills: " + ", ".join(f"at {k['at_s']} s (back after {k['back_after_s']} s)"
                                         for k in data["apiserver_kills"]) + ".",
