@@ -35,7 +35,6 @@ import json
 import logging
 import re
 import sys
-import threading
 import time
 from fractions import Fraction
 from typing import Callable, NamedTuple
@@ -629,9 +628,11 @@ def _foreign_service_ports(desired: dict, live: dict) -> dict | None:
                if isinstance(p, dict) and _port_key(p) not in wanted]
     if not foreign:
         return None
-    # Merge key of Service ports in a strategic merge patch: `port`.
+    # Merge key of Service ports in a strategic merge patch: `port` (so a foreign
+    # entry on one of our port numbers cannot be deleted without ours).
+    our_ports = {p["port"] for p in ours}
     deletes = [{"port": p.get("port"), "$patch": "delete"} for p in foreign
-               if p.get("port") not in {q["port"] for q in ours}]
+               if p.get("port") not in our_ports]
     return {"spec": {"ports": deletes + [dict(p) for p in ours]}}
 
 
@@ -1170,7 +1171,7 @@ class MyReconciler:
             return wait
         self._held_since.pop(key, None)
         try:
-            written = self._write(MY, my, lambda: self.client.patch_status(
+            self._write(MY, my, lambda: self.client.patch_status(
                 MY, key.name, {"status": new}, namespace=key.namespace))
         except NotFoundError:
             return 0.0  # deleted meanwhile: nothing to report on

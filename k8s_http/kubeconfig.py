@@ -295,7 +295,7 @@ def _exec_source(spec, user: _Entry, cluster: _Entry, tls: dict,
     label = f"user {user.name!r}"
 
     def bad(what: str):
-        return ConfigError(user.where, f"{label}: exec.{what}", f"fix users[].user.exec")
+        return ConfigError(user.where, f"{label}: exec.{what}", "fix users[].user.exec")
 
     if not isinstance(spec, dict):
         raise bad("must be a mapping")

@@ -165,11 +165,6 @@ class Store:
                 for k in [k for k, seq in self._recent.items() if seq <= oldest]:
                     del self._recent[k]
 
-    def forget_write(self, key: ObjectKey) -> None:
-        """Drop an unobserved write of `key` (its owner is gone, say)."""
-        with self._lock:
-            self._written.pop(key, None)
-
     def _observe_locked(self, key: ObjectKey, rv: str | None) -> None:
         self._seq += 1
         if self._inflight:

@@ -291,8 +291,6 @@ def test_a_delete_or_a_relist_drops_an_unobserved_write():
     write(store, obj("c", rv="8", ns="other"))
     store.replace([], namespace="default")      # another namespace's relist says nothing of it
     assert get_rv(store, "c", "other") == "8"
-    store.forget_write(ObjectKey("other", "c"))
-    assert store.get(ObjectKey("other", "c")) is None
 
 
 def test_an_answer_slower_than_the_watch_is_not_kept():
