@@ -7,6 +7,7 @@ apiserver with them, hence the per-object token bucket and de-duplication.
 
 from __future__ import annotations
 
+import collections
 import logging
 import socket
 import threading
@@ -31,6 +32,15 @@ class EventRecorder:
 
     Best effort, as in client-go: a failure to create an Event is logged and
     never fails the reconcile that reported it.
+
+    `asynchronous=True` posts Events from one sender thread, started on the
+    first Event, as client-go's broadcaster does from its goroutine: a reconcile
+    that reports a change does not wait for the apiserver to store the Event
+    (under a burst that was one request in four of a new object's reconcile).
+    The outbox holds at most OUTBOX_LIMIT Events; beyond that new ones are
+    dropped and counted, never blocking a worker. `close()` sends what is queued
+    (bounded by a timeout) and stops the thread. Synchronous by default, so a
+    caller sees the Event created when `event()` returns.
     """
 
     BURST = 5
@@ -39,11 +49,13 @@ class EventRecorder:
     # Forget per-object state idle for this long once this many objects are tracked.
     PRUNE_ABOVE = 1024
     MAX_MESSAGE_CHARS = 1024
+    OUTBOX_LIMIT = 1000
 
     def __init__(self, client, *, component: str, instance: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall_time: Callable[[], str] = rfc3339_now,
-                 time_ns: Callable[[], int] = time.time_ns):
+                 time_ns: Callable[[], int] = time.time_ns,
+                 asynchronous: bool = False):
         self.client = client
         self.component = component
         self.instance = (instance or socket.gethostname())[:128]
@@ -55,6 +67,15 @@ class EventRecorder:
         self._state: dict[ObjectKey, list] = {}
         self.sent = 0
         self.dropped = 0
+        self._asynchronous = asynchronous
+        # Asynchronous mode: Events waiting for the sender thread, and the thread.
+        # Invariant (under _outbox_ready's lock): _busy counts Events taken from the
+        # outbox whose request has not finished; the outbox is drained when both are 0.
+        self._outbox: collections.deque = collections.deque()
+        self._outbox_ready = threading.Condition()
+        self._busy = 0
+        self._closing = False
+        self._sender: threading.Thread | None = None
 
     def _admit(self, key: ObjectKey, signature: tuple) -> bool:
         now = self._clock()
@@ -87,7 +108,8 @@ class EventRecorder:
             self._state.pop(key, None)
 
     def event(self, obj: dict, type_: str, reason: str, message: str) -> bool:
-        """Record an event about `obj` (Normal or Warning); True if one was sent."""
+        """Record an event about `obj` (Normal or Warning); True if one was sent
+        (asynchronous: queued for sending)."""
         meta = obj.get("metadata") or {}
         key = ObjectKey(meta.get("namespace") or "", meta.get("name") or "")
         message = message[:self.MAX_MESSAGE_CHARS]
@@ -119,10 +141,77 @@ class EventRecorder:
             "reportingComponent": self.component,
             "reportingInstance": self.instance,
         }
+        if self._asynchronous:
+            return self._enqueue(event)
+        return self._send(event)
+
+    def _send(self, event: dict) -> bool:
         try:
-            self.client.create(EVENTS, event, namespace=namespace)
+            self.client.create(EVENTS, event, namespace=event["metadata"]["namespace"])
         except Exception as err:  # best effort: never fail a reconcile over an event
-            log.warning("could not record event %s on %s", reason, key, extra={"error": str(err)})
+            involved = event["involvedObject"]
+            log.warning("could not record event %s on %s/%s", event["reason"],
+                        involved.get("namespace"), involved.get("name"),
+                        extra={"error": str(err)})
             return False
         self.sent += 1
         return True
+
+    # ---- asynchronous sending ------------------------------------------------
+
+    def _enqueue(self, event: dict) -> bool:
+        with self._outbox_ready:
+            if self._closing or len(self._outbox) >= self.OUTBOX_LIMIT:
+                self.dropped += 1
+                log.warning("event %s dropped: %s", event["reason"],
+                            "the recorder is closed" if self._closing else "too many unsent events")
+                return False
+            self._outbox.append(event)
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                                name="event-sender")
+                self._sender.start()
+            self._outbox_ready.notify_all()
+            return True
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._outbox_ready:
+                while not self._outbox and not self._closing:
+                    self._outbox_ready.wait()
+                if not self._outbox:
+                    return                          # closing, and everything was sent
+                event = self._outbox.popleft()
+                self._busy += 1
+            try:
+                self._send(event)
+            finally:
+                with self._outbox_ready:
+                    self._busy -= 1
+                    self._outbox_ready.notify_all()
+
+    def flush(self, timeout_seconds: float = 5.0) -> bool:
+        """Wait until every queued Event was sent (or failed); False on timeout."""
+        deadline = time.monotonic() + timeout_seconds
+        with self._outbox_ready:
+            while self._outbox or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._outbox_ready.wait(left)
+            return True
+
+    def close(self, timeout_seconds: float = 5.0) -> None:
+        """Send what is queued (for at most `timeout_seconds`), then stop the sender;
+        later Events are dropped. What is still queued at the timeout is dropped."""
+        drained = self.flush(timeout_seconds)
+        with self._outbox_ready:
+            self._closing = True
+            if not drained:
+                self.dropped += len(self._outbox)
+                log.warning("%d events not sent at shutdown", len(self._outbox))
+                self._outbox.clear()
+            self._outbox_ready.notify_all()
+            sender = self._sender
+        if sender is not None:
+            sender.join(timeout=1.0)

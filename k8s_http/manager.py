@@ -44,6 +44,7 @@ from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError
 from .deletionwatch import DeletionWatches
+from .events import EventRecorder
 from .informer import Informer, own_key, owner_key
 from .leader import LeaderElector
 from .log import reconcile_context
@@ -157,6 +158,7 @@ class Manager:
         self._deletion_watches: dict[str, DeletionWatches] = {}   # by controller name
         self._threads: list[threading.Thread] = []
         self._servers: list[ProbeServer] = []
+        self._recorders: list[tuple[EventRecorder, float]] = []
         self._stop = threading.Event()          # set: the manager is stopping
         # Set by the signal handler itself, before the main thread wakes up to
         # call stop(): readiness and the worker gate close at the signal.
@@ -230,6 +232,17 @@ class Manager:
         self.healthz.add(f"workers-{name}", lambda r=runner: (r.threads_alive(),
                                                                "ok" if r.threads_alive()
                                                                else "a worker thread died"))
+
+    def event_recorder(self, component: str | None = None, *,
+                       timeout_seconds: float = 5.0) -> EventRecorder:
+        """An EventRecorder that posts from its own thread (a reconcile does not wait
+        for its Events), named `component` (default: the manager's name). On stop,
+        after the in-flight reconciles, what it still holds is sent for at most
+        `timeout_seconds`, while the lease is still ours (Events are writes too)."""
+        recorder = EventRecorder(self.client, component=component or self.name,
+                                 asynchronous=True)
+        self._recorders.append((recorder, timeout_seconds))
+        return recorder
 
     def store(self, resource: Resource, label_selector: str | None = None) -> Store:
         """The cache of `resource`; with one informer per resource the selector may be omitted."""
@@ -405,6 +418,8 @@ class Manager:
             self._exit_code = 1
         for controller in self._controllers:
             controller.queue.shutdown(drain=False)
+        for recorder, timeout_seconds in self._recorders:
+            recorder.close(timeout_seconds)
         if self._elector is not None:
             self._elector_stop.set()
             try:

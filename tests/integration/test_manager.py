@@ -159,3 +159,29 @@ def test_a_dead_worker_thread_is_restarted_by_the_supervisor(server):
         assert _get(mgr.server_ports[0], "/healthz")[0] == 200
     finally:
         mgr.stop()
+
+
+def test_events_are_posted_from_their_own_thread_and_flushed_on_stop(server):
+    from k8s_http.objects import EVENTS
+    server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "a"}, "data": {}})
+    mgr = _manager(server)
+    recorder = mgr.event_recorder()
+    posted_from = []
+
+    def reconcile(key):
+        obj = mgr.store(CONFIGMAPS).get(key)
+        for reason in ("Created", "Updated", "Deleted"):
+            recorder.event(obj, "Normal", reason, f"{reason} {key.name}")
+        posted_from.append(threading.current_thread().name)
+        return None
+
+    mgr.add_controller(CONFIGMAPS, reconcile, workers=1)
+    mgr.start()
+    eventually(lambda: posted_from)
+    assert mgr.stop() == 0
+    # Whatever the sender had not posted yet went out during stop(), not lost.
+    events = server.objects(EVENTS.path(NS))
+    assert sorted(e["reason"] for e in events) == ["Created", "Deleted", "Updated"]
+    assert all(e["source"]["component"] == "test" for e in events)
+    assert recorder._sender is not None and recorder._sender.name == "event-sender"
+    assert recorder.event(events[0], "Normal", "Late", "after stop") is False

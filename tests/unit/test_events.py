@@ -76,3 +76,73 @@ def test_involved_object_names_the_object():
                                        "namespace": "default", "uid": "u-foobar",
                                        "resourceVersion": "7"}
     assert event["source"] == {"component": "c"} and event["reportingComponent"] == "c"
+
+
+class BlockingClient(RecordingClient):
+    """Holds every create until `release` is set, so a test sees what waits."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def create(self, resource, obj, *, namespace=None, **kw):
+        self.entered.set()
+        self.release.wait(5)
+        return super().create(resource, obj, namespace=namespace, **kw)
+
+
+def test_asynchronous_events_do_not_wait_for_the_apiserver():
+    client = BlockingClient()
+    rec = EventRecorder(client, component="c", instance="t", asynchronous=True)
+    try:
+        assert rec.event(make_my(), "Normal", "Created", "m")      # returns while create blocks
+        assert client.entered.wait(5)
+        assert client.events == [] and rec.sent == 0
+        client.release.set()
+        assert rec.flush(5)
+        assert [e["reason"] for e in client.events] == ["Created"] and rec.sent == 1
+    finally:
+        client.release.set()
+        rec.close()
+    assert rec._sender is not None and not rec._sender.is_alive()
+
+
+def test_asynchronous_outbox_is_bounded_and_never_blocks():
+    client = BlockingClient()
+    rec = EventRecorder(client, component="c", instance="t", asynchronous=True)
+    rec.OUTBOX_LIMIT = 3
+    try:
+        sent = [rec.event(make_my(f"o{i}"), "Normal", "Created", "m") for i in range(6)]
+        assert client.entered.wait(5)
+        # one taken by the sender (blocked), three queued, the rest dropped
+        assert sent.count(True) in (3, 4) and rec.dropped == sent.count(False)
+        client.release.set()
+        assert rec.flush(5)
+        assert len(client.events) == sent.count(True)
+    finally:
+        client.release.set()
+        rec.close()
+
+
+def test_close_sends_what_is_queued_then_drops_later_events():
+    client = RecordingClient()
+    rec = EventRecorder(client, component="c", instance="t", asynchronous=True)
+    for i in range(5):
+        rec.event(make_my(f"o{i}"), "Normal", "Created", "m")
+    rec.close(timeout_seconds=5)
+    assert len(client.events) == 5
+    assert rec.event(make_my("late"), "Normal", "Created", "m") is False
+    assert len(client.events) == 5
+
+
+def test_close_gives_up_after_its_timeout():
+    client = BlockingClient()
+    rec = EventRecorder(client, component="c", instance="t", asynchronous=True)
+    rec.event(make_my("a"), "Normal", "Created", "m")
+    rec.event(make_my("b"), "Normal", "Created", "m")
+    assert client.entered.wait(5)
+    rec.close(timeout_seconds=0.05)                # "a" is stuck in create: "b" is dropped
+    assert rec.dropped == 1
+    client.release.set()
