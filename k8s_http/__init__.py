@@ -27,11 +27,11 @@ from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES,
                       add_finalizer, controller_of, get_condition, has_finalizer,
                       is_controlled_by, key_of, owner_reference, remove_finalizer,
                       rfc3339_now, set_condition, strip_managed_fields)
-from .runner import Result, TerminalError
+from .runner import Result, TerminalError, queued_seconds
 from .watchproto import WatchEvent
 
 __all__ = [
-    "Manager", "Result", "TerminalError", "ObjectKey", "Resource",
+    "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "queued_seconds",
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     "ApiError", "BadRequestError", "UnauthorizedError", "ForbiddenError", "NotFoundError",
     "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",

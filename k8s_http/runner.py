@@ -6,7 +6,7 @@ The whole user contract: a reconcile function gets a key and returns a
 | reconcile                          | queue                         | reconcile_total{result} |
 |------------------------------------|-------------------------------|-------------------------|
 | returns None or Result()           | forget                        | success                 |
-| Result(requeue_after_seconds=x>0)  | forget, add_after(x)          | requeue_after           |
+| Result(requeue_after_seconds=x>0)  | forget, add_after(x, priority)| requeue_after           |
 | Result(requeue=True)               | add_rate_limited              | requeue                 |
 | raises TerminalError               | forget (no retry)             | error                   |
 | raises anything else               | add_rate_limited (backoff)    | error                   |
@@ -37,6 +37,7 @@ nothing.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import random
 import threading
@@ -47,7 +48,17 @@ from typing import Callable, ContextManager, Hashable
 from .metrics import Metrics
 from .workqueue import WorkQueue
 
-__all__ = ["Result", "TerminalError", "Runner", "PANIC_TYPES", "is_panic"]
+__all__ = ["Result", "TerminalError", "Runner", "PANIC_TYPES", "is_panic", "queued_seconds"]
+
+# Set by the worker for the reconcile it runs (each thread has its own context).
+_queued_seconds: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "queued_seconds", default=None)
+
+
+def queued_seconds() -> float | None:
+    """How long the key being reconciled on this thread waited in its work queue
+    before this reconcile started (the queue's own delay); None outside a reconcile."""
+    return _queued_seconds.get()
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +69,10 @@ class Result:
 
     requeue_after_seconds: float | None = None   # reconcile again after this long (a poll)
     requeue: bool = False                        # reconcile again soon, with backoff
+    # With requeue_after: > 0 puts the key ahead of the keys waiting without
+    # priority, when it is due or when an event brings it earlier (a reconcile
+    # that waits for something specific comes back as soon as it happens).
+    priority: int = 0
 
 
 class TerminalError(Exception):
@@ -231,6 +246,7 @@ class Runner:
         self._m_active.inc()
         started = self._clock()
         handled = False
+        token = _queued_seconds.set(self.queue.queued_seconds(key))
         try:
             with self._log_context(self.name, key, reconcile_id):
                 try:
@@ -254,6 +270,7 @@ class Runner:
                 self.queue.add_rate_limited(key)
             raise
         finally:
+            _queued_seconds.reset(token)
             self._m_time.observe(max(0.0, self._clock() - started))
             self._m_active.dec()
             self.queue.done(key)
@@ -266,7 +283,7 @@ class Runner:
         # controller-runtime's order: requeue_after wins over requeue; 0 means unset.
         if result is not None and result.requeue_after_seconds and result.requeue_after_seconds > 0:
             self.queue.forget(key)
-            self.queue.add_after(key, result.requeue_after_seconds)
+            self.queue.add_after(key, result.requeue_after_seconds, priority=result.priority)
             self._m_total["requeue_after"].inc()
         elif result is not None and result.requeue:
             self.queue.add_rate_limited(key)

@@ -6,6 +6,8 @@ lock and one condition variable, and no timer thread is needed:
 
 - `_Queue`: deduplication and the processing set. A key is queued at most
   once however often it is added, and never handed to two workers at once.
+  Keys given a priority (`add_after(..., priority=1)`) wait in a second line
+  that `get()` serves first.
 - `_DelayingQueue`: `add_after()`. Delayed keys wait in a heap; `get()` moves
   the due ones into the queue, checking against the injected clock, and sleeps
   on the condition at most until the next one is due.
@@ -80,6 +82,15 @@ class _Queue:
         #     and still no two workers ever hold the key together.
         #   _added_at: key in _dirty -> clock() of the add that dirtied it.
         #   _started_at: key in _processing -> clock() of the get() that handed it out.
+        #   _queued_for: key in _processing -> seconds it waited in the queue.
+        #   Two lines, _first (keys with a priority) and _queue; a queued key is
+        #   in exactly one. _priority: key -> priority (> 0) promised by
+        #   add_after(); until the key is next handed out, any add of it -- the
+        #   delayed one or an event's -- lines it up in _first (controller-runtime's
+        #   priority queue: the highest priority and the earliest time win).
+        self._first: deque[Hashable] = deque()
+        self._priority: dict[Hashable, int] = {}
+        self._queued_for: dict[Hashable, float] = {}
         self._queue: deque[Hashable] = deque()
         self._dirty: set[Hashable] = set()
         self._processing: set[Hashable] = set()
@@ -122,7 +133,7 @@ class _Queue:
             while True:
                 now = self._clock()
                 self._promote_due_locked(now)
-                if self._queue:
+                if self._first or self._queue:
                     break
                 if self._shutting_down:
                     return None, True
@@ -134,19 +145,27 @@ class _Queue:
                     wait = remaining if wait is None else min(wait, remaining)
                 self._ready.wait(wait)
 
-            key = self._queue.popleft()
-            self._m_depth.set(len(self._queue))
+            key = self._first.popleft() if self._first else self._queue.popleft()
+            self._priority.pop(key, None)
+            self._m_depth.set(self._depth_locked())
             self._dirty.discard(key)
             self._processing.add(key)
-            self._m_queue_duration.observe(max(0.0, now - self._added_at.pop(key, now)))
+            waited = max(0.0, now - self._added_at.pop(key, now))
+            self._m_queue_duration.observe(waited)
+            self._queued_for[key] = waited
             self._started_at[key] = now
             # Hand-off: keys are left, or a delayed key needs a getter watching
             # the clock for it: wake one more getter to look. (Promotion and
             # add_after() notify too; this keeps the "someone watches the
             # heap" invariant whatever order notify() picks waiters in.)
-            if self._queue or self._has_delayed_locked():
+            if self._first or self._queue or self._has_delayed_locked():
                 self._ready.notify()
             return key, False
+
+    def queued_seconds(self, key: Hashable) -> float | None:
+        """How long `key`, being processed now, waited in the queue; None if not processing."""
+        with self._lock:
+            return self._queued_for.get(key)
 
     def done(self, key: Hashable) -> None:
         """The worker has finished with `key`; queue it again if it was added meanwhile."""
@@ -154,12 +173,11 @@ class _Queue:
             if key not in self._processing:
                 return          # tolerated, as client-go does: done() twice is a no-op
             self._processing.discard(key)
+            self._queued_for.pop(key, None)
             started = self._started_at.pop(key)
             self._m_work_duration.observe(max(0.0, self._clock() - started))
             if key in self._dirty:
-                self._queue.append(key)
-                self._m_depth.set(len(self._queue))
-                self._ready.notify()
+                self._line_up_locked(key)
             if not self._processing:
                 self._idle.notify_all()
 
@@ -210,7 +228,7 @@ class _Queue:
     def __len__(self) -> int:
         """Keys ready to be handed out (the depth metric); not the delayed ones."""
         with self._lock:
-            return len(self._queue)
+            return self._depth_locked()
 
     # -- internals ----------------------------------------------------------
 
@@ -222,9 +240,24 @@ class _Queue:
         self._m_adds.inc()
         if key in self._processing:
             return              # done() will queue it: never two workers on one key
-        self._queue.append(key)
-        self._m_depth.set(len(self._queue))
+        self._line_up_locked(key)
+
+    def _line_up_locked(self, key: Hashable) -> None:
+        (self._first if key in self._priority else self._queue).append(key)
+        self._m_depth.set(self._depth_locked())
         self._ready.notify()
+
+    def _prioritise_locked(self, key: Hashable, priority: int) -> None:
+        """Promise `key` a place in the first line until it is next handed out."""
+        if priority <= 0:
+            return
+        self._priority[key] = max(priority, self._priority.get(key, 0))
+        if key in self._dirty and key not in self._processing and key not in self._first:
+            self._queue.remove(key)          # O(depth), only when a queued key gains priority
+            self._first.append(key)
+
+    def _depth_locked(self) -> int:
+        return len(self._first) + len(self._queue)
 
     # Hooks for the delaying layer: this layer has no delayed keys.
     def _promote_due_locked(self, now: float) -> None:
@@ -266,14 +299,19 @@ class _DelayingQueue(_Queue):
         self._waiting: dict[Hashable, tuple[float, int]] = {}
         self._seq = itertools.count()
 
-    def add_after(self, key: Hashable, delay_seconds: float) -> None:
+    def add_after(self, key: Hashable, delay_seconds: float, *, priority: int = 0) -> None:
         """Add `key` once `delay_seconds` have passed on the clock (at once if <= 0).
+
+        `priority` > 0: from now until the key is next handed out, whichever add
+        brings it first -- this one when due, or an earlier add() of an event --
+        puts it ahead of the keys queued without priority.
 
         Counted in workqueue_retries_total, as client-go's AddAfter counts it.
         """
         with self._lock:
             if not self._shutting_down:
                 self._m_retries.inc()
+                self._prioritise_locked(key, priority)
                 self._add_after_locked(key, delay_seconds, self._clock())
 
     def _add_after_locked(self, key: Hashable, delay_seconds: float, now: float) -> None:

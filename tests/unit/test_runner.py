@@ -495,3 +495,24 @@ def test_a_key_taken_just_before_the_gate_closed_is_put_back(h):
     reconcile.wait_for("a")
     idle(runner)
     assert reconcile.count("a") == 1
+
+
+def test_a_reconcile_knows_how_long_its_key_waited_and_can_ask_for_priority():
+    from k8s_http.runner import queued_seconds
+    from tests.support.clock import FakeClock
+    clock = FakeClock(0.0)
+    queue = WorkQueue("prio", clock=clock)
+    seen = []
+
+    def reconcile(key):
+        seen.append((key, queued_seconds()))
+        return Result(requeue_after_seconds=10.0, priority=1) if key == "held" else None
+
+    runner = Runner("prio", queue, reconcile, workers=1, clock=clock)
+    queue.add("held")
+    clock.advance(3.0)
+    runner._process(queue.get(timeout_seconds=0)[0])
+    assert seen == [("held", 3.0)] and queued_seconds() is None
+    queue.add("a")
+    queue.add("held")                      # an event before the 10 s: ahead of "a"
+    assert queue.get(timeout_seconds=0)[0] == "held"

@@ -530,3 +530,67 @@ def test_property_concurrent_workers(seed, n_keys, n_ops, p_delayed, p_readd):
     assert lost == []
     assert q.get(timeout_seconds=0) == (None, True)
     assert len(q) == 0
+
+
+# -- priority ------------------------------------------------------------------------------
+
+def test_a_prioritised_key_goes_ahead_when_it_comes_due(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_after("held", 1.0, priority=1)
+    for key in ("a", "b", "c"):
+        q.add(key)
+    clock.advance(1.0)
+    assert drain(q) == ["held", "a", "b", "c"]
+
+
+def test_an_event_for_a_prioritised_key_brings_it_ahead_at_once(clock):
+    q = WorkQueue("q", clock=clock)
+    for key in ("a", "b"):
+        q.add(key)
+    q.add_after("held", 30.0, priority=1)
+    q.add("held")                          # its awaited event, long before the delay
+    assert len(q) == 3
+    assert drain(q) == ["held", "a", "b"]
+    q.add("other")
+    clock.advance(30.0)                    # the delayed add still comes, now without priority
+    assert drain(q) == ["other", "held"]
+
+
+def test_a_queued_key_that_gains_priority_moves_ahead(clock):
+    q = WorkQueue("q", clock=clock)
+    for key in ("a", "b", "c"):
+        q.add(key)
+    q.add_after("c", 5.0, priority=1)
+    assert drain(q) == ["c", "a", "b"]
+
+
+def test_priority_lasts_until_the_key_is_handed_out(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("a")
+    q.add_after("b", 0, priority=1)        # due now: queued with priority
+    assert take(q) == "b"
+    q.done("b")
+    q.add("c")
+    q.add("b")                             # an ordinary add after that: back of the line
+    assert drain(q) == ["a", "c", "b"]
+
+
+def test_priority_while_processing_applies_when_it_is_queued_again(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("busy")
+    assert take(q) == "busy"
+    q.add("a")
+    q.add_after("busy", 1.0, priority=1)
+    q.add("busy")                          # dirty while processing
+    q.done("busy")                         # queued again, with its priority
+    assert drain(q) == ["busy", "a"]
+
+
+def test_queued_seconds_is_the_wait_of_the_key_being_processed(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("a")
+    clock.advance(2.5)
+    assert take(q) == "a"
+    assert q.queued_seconds("a") == 2.5 and q.queued_seconds("b") is None
+    q.done("a")
+    assert q.queued_seconds("a") is None
