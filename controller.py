@@ -52,6 +52,7 @@ from k8s_http import (
     ObjectKey,
     Resource,
     Result,
+    queued_seconds,
     controller_of,
     get_condition,
     is_controlled_by,
@@ -140,10 +141,15 @@ WARNING_REASONS = (INVALID_SPEC, CONFLICT, REPLICA_FAILURE, PROGRESS_DEADLINE_EX
 CONFLICT_RECHECK_SECONDS = 60.0
 
 # How long a status that the Deployment controller is about to change may be
-# held back, so that one write reports both (see MyReconciler._status_wait).
-# Bounds how late a user sees observedGeneration and a Ready condition for a
-# generation the operator has acted on: this, plus the queue's own delay.
+# held back, so that one write reports both (see MyReconciler._status_wait):
+# this long when our work queue is quick, as long as the key itself just
+# waited in the queue when it is not (under a burst the user already waits
+# that long, and the Deployment controller is behind by about as much), and
+# never longer than the cap. So a user sees observedGeneration and a Ready
+# condition for a generation the operator has acted on within about twice the
+# queue's own delay, and within STATUS_COALESCE_SECONDS when it is idle.
 STATUS_COALESCE_SECONDS = 0.5
+STATUS_HOLD_CAP_SECONDS = 10.0
 # Weight of the newest sample in the running estimate of how long the
 # Deployment controller takes to answer (an exponentially weighted mean).
 ANSWER_TIME_WEIGHT = 0.2
@@ -797,6 +803,11 @@ def desired_status(my: dict, deployment: dict | None, *,
     return new
 
 
+def _versions(*objs: dict | None) -> int:
+    """One number for the resourceVersions of `objs` (None for a missing one)."""
+    return hash(tuple(_rv(obj) for obj in objs))
+
+
 def status_changed(old: dict | None, new: dict) -> bool:
     """Whether writing `new` would change what the status reports."""
     old = old or {}
@@ -839,24 +850,33 @@ class MyReconciler:
                  clock: Callable[[], float] = time.monotonic,
                  status_coalesce_seconds: float = STATUS_COALESCE_SECONDS):
         self.mgr = mgr
-        self.recorder = recorder or EventRecorder(mgr.client, component=NAME)
+        self.recorder = recorder or mgr.event_recorder(NAME)
         self._now = now
         # (child plural, key) -> the foreign-entries patch a webhook undid (see
         # _remove_foreign_entries); dropped when the My goes.
         self._futile_patches: dict[tuple[str, ObjectKey], str] = {}
         self._clock = clock
         self._coalesce = status_coalesce_seconds
-        # key -> clock() when a status change was first held back, and when the
+        # key -> clock() until which a status change is held back, and when the
         # Deployment was first seen with its controller at work (see _status_wait).
         # A key is reconciled by one worker at a time (the work queue's promise),
         # so each entry has one writer; dict operations are atomic under the GIL.
-        self._held_since: dict[ObjectKey, float] = {}
+        self._held_until: dict[ObjectKey, float] = {}
         self._pending_since: dict[ObjectKey, float] = {}
         # How long the Deployment controller has lately taken to answer, as we saw
-        # it (its own backlog plus our queue's): a running mean of the samples.
+        # it (its own backlog, and the wait for a free worker): a running mean.
         # Workers update it without a lock: a lost sample only makes it a little
         # staler, never wrong by more than one sample's weight.
         self._answer_seconds = 0.0
+        # key -> hash of the resourceVersions (My, Deployment, Service) a reconcile
+        # left settled: everything written, nothing held. The same versions in
+        # the caches again give the same answer (the reconcile reads nothing
+        # else once both children exist), so an event that only echoes our own
+        # write -- the store answers with the write until the watch brings it, at
+        # the same version -- or a resync costs three cache reads, not a
+        # reconcile. A hash, not the strings: one int per My at scale; a false
+        # match needs a 64-bit collision for the same key.
+        self._settled: dict[ObjectKey, int] = {}
 
     @property
     def client(self):
@@ -873,9 +893,15 @@ class MyReconciler:
             self.mgr.cancel_deletion_watches(key)
             for resource, _ in self.CHILDREN:
                 self._futile_patches.pop((resource.plural, key), None)
-            self._held_since.pop(key, None)
+            self._held_until.pop(key, None)
             self._pending_since.pop(key, None)
+            self._settled.pop(key, None)
             return None
+        # Children our cache shows (or our last write of them).
+        lives = {resource: self._cached_child(resource, key) for resource, _ in self.CHILDREN}
+        if self._settled.get(key) == _versions(my, lives[DEPLOYMENTS], lives[SERVICES]):
+            return None
+        self._settled.pop(key, None)
         if _meta(my).get("deletionTimestamp"):
             # Being deleted (maybe in the foreground, children first): do not recreate them.
             return None
@@ -891,7 +917,6 @@ class MyReconciler:
 
         # Children our cache shows under another controller (labelled, but owned by
         # another My) stop the reconcile before anything is written.
-        lives = {resource: self._cached_child(resource, key) for resource, _ in self.CHILDREN}
         for resource, live in lives.items():
             if live is not None and not is_controlled_by(live, my):
                 return self._conflict(key, my, resource, live)
@@ -930,8 +955,16 @@ class MyReconciler:
             self._report_changes(my, changes)
 
         deployment = self._reported_deployment(key, my, lives[DEPLOYMENTS])
-        wait = self._write_status(key, my, deployment, pending=_is_rollout_pending(deployment))
-        return Result(requeue_after_seconds=wait) if wait else None
+        wait, reported = self._write_status(key, my, deployment,
+                                            pending=_is_rollout_pending(deployment))
+        if wait:
+            # Priority: the Deployment's update (or the end of the window) brings
+            # the key back ahead of the queue, so holding costs no extra queue pass.
+            return Result(requeue_after_seconds=wait, priority=1)
+        # The versions this reconcile worked from or wrote, not a fresh cache read:
+        # a version the watch brought meanwhile has not been reconciled yet.
+        self._settled[key] = _versions(reported, deployment, lives[SERVICES])
+        return None
 
     def _reported_deployment(self, key: ObjectKey, my: dict, deployment: dict | None
                              ) -> dict | None:
@@ -1131,16 +1164,19 @@ class MyReconciler:
         Deployment (a failure condition), which is never held.
 
         While it is at work, its next status update would need a write of its
-        own, so a change may wait for that update -- an event on a watched child
-        brings us back -- but never longer than `status_coalesce_seconds` after
-        it was first held: then it is written as it stands (a new My shows
-        observedGeneration and Progressing even when the Deployment controller
-        is far behind). Holding pays only when the answer is likely to come
-        within the window: it is skipped while the Deployment controller's recent
-        answers (as we saw them, our own queue's delay included) took longer,
-        as under a burst, where a held key would also go back to the end of a
-        long queue. Idle, it answers well within the window and a new My costs
-        one status write.
+        own, so a change may wait for that update, but only for a window fixed
+        when it is first held: `status_coalesce_seconds`, or as long as the key
+        has just waited in our work queue if that was longer (a burst: the user
+        already waits that long, and the Deployment controller is about as far
+        behind), capped at STATUS_HOLD_CAP_SECONDS. Then it is written as it
+        stands (a new My shows observedGeneration and Progressing even when the
+        Deployment controller is far behind). The held key comes back with
+        priority (see __call__): when its Deployment's update arrives it goes
+        ahead of the keys waiting in the queue, so the answer is reported as
+        soon as it is seen. Holding pays only when the answer is likely to come
+        within the window: it is skipped while the Deployment controller's
+        recent answers took longer. Idle, it answers well within the window
+        and a new My costs one status write.
         """
         if pending is None:
             return 0.0
@@ -1151,30 +1187,35 @@ class MyReconciler:
                 self._answer_seconds += ANSWER_TIME_WEIGHT * (now - since - self._answer_seconds)
             return 0.0
         self._pending_since.setdefault(key, now)
-        if self._answer_seconds > self._coalesce:
-            return 0.0
-        since = self._held_since.setdefault(key, now)
-        return max(0.0, since + self._coalesce - now)
+        until = self._held_until.get(key)
+        if until is None:
+            window = min(max(self._coalesce, queued_seconds() or 0.0), STATUS_HOLD_CAP_SECONDS)
+            if self._answer_seconds > window:
+                return 0.0
+            until = self._held_until[key] = now + window
+        return max(0.0, until - now)
 
     def _write_status(self, key: ObjectKey, my: dict, deployment: dict | None, *,
                       condition: tuple[str, str] | None = None,
-                      pending: bool | None = None) -> float:
-        """Write the status `my` should have, if it differs; returns the seconds
-        the caller should come back after when the write is held (_status_wait)."""
+                      pending: bool | None = None) -> tuple[float, dict | None]:
+        """Write the status `my` should have, if it differs. Returns the seconds
+        the caller should come back after when the write is held (_status_wait),
+        and the My as it now stands (the server's answer when written; None when
+        it was deleted meanwhile)."""
         old = my.get("status") or {}
         new = desired_status(my, deployment, condition=condition, now=self._now())
         wait = self._status_wait(key, pending)
         if not status_changed(old, new):
-            self._held_since.pop(key, None)
-            return 0.0
+            self._held_until.pop(key, None)
+            return 0.0, my
         if wait > 0:
-            return wait
-        self._held_since.pop(key, None)
+            return wait, my
+        self._held_until.pop(key, None)
         try:
-            self._write(MY, my, lambda: self.client.patch_status(
+            written = self._write(MY, my, lambda: self.client.patch_status(
                 MY, key.name, {"status": new}, namespace=key.namespace))
         except NotFoundError:
-            return 0.0  # deleted meanwhile: nothing to report on
+            return 0.0, None  # deleted meanwhile: nothing to report on
         summary = _ready_summary(new) or ()
         log.info("status of %s: Ready=%s %s", key, *summary[:2])
         # Warning events follow the condition, not each write: an InvalidSpec,
@@ -1188,7 +1229,7 @@ class MyReconciler:
             compared = 2 if reason in (REPLICA_FAILURE, PROGRESS_DEADLINE_EXCEEDED) else 3
             if old_summary[:compared] != new_summary[:compared]:
                 self.recorder.event(my, "Warning", reason, new_summary[2])
-        return 0.0
+        return 0.0, written
 
 
 # --------------------------------------------------------------------------

@@ -260,6 +260,10 @@ class FakeManager:
     def store(self, resource):
         return self.stores[resource]
 
+    def event_recorder(self, component):
+        # Synchronous, so a test sees the Event as soon as the reconcile returns.
+        return EventRecorder(self.client, component=component, instance="test")
+
     def watch_for_deletion(self, resource, key, owner, controller=None):
         if self.deletion_watch_limit <= len(self.deletion_watches):
             return False
@@ -308,6 +312,11 @@ def reconciler(mgr, clock):
     recorder = EventRecorder(mgr.client, component="my-controller", instance="test",
                              clock=lambda: float(next(event_clock)))
     return MyReconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z", clock=clock)
+
+
+def held(seconds):
+    """A status held back: back after `seconds`, or earlier, ahead of the queue."""
+    return Result(requeue_after_seconds=seconds, priority=1)
 
 
 def set_deployment_status(mgr, **status):
@@ -648,7 +657,7 @@ def observe_rollout(mgr, replicas=None, key=KEY):
 
 def test_first_reconcile_creates_both_children_and_writes_status_once(mgr, reconciler):
     # The status is held for the Deployment controller's answer, at most this long.
-    assert reconciler(KEY) == Result(requeue_after_seconds=controller.STATUS_COALESCE_SECONDS)
+    assert reconciler(KEY) == held(controller.STATUS_COALESCE_SECONDS)
     # No GET: a child missing from the cache is created with a create-only apply,
     # which the apiserver refuses (409) if the name is taken.
     assert [c for c in mgr.client.calls if c[0] != "create"] == [
@@ -682,6 +691,73 @@ def test_converged_reconciles_write_nothing(mgr, reconciler):
     for _ in range(3):
         assert reconciler(KEY) is None
     assert mgr.client.calls == []      # not even a read: everything is in the caches
+
+
+def _counting_renders(monkeypatch, reconciler):
+    """Count the reconciles that got past the settled check (each renders the children)."""
+    renders = []
+    children = tuple((resource, (lambda my, r=render: renders.append(1) or r(my)))
+                     for resource, render in reconciler.CHILDREN)
+    monkeypatch.setattr(reconciler, "CHILDREN", children)
+    return renders
+
+
+def test_an_echo_of_our_own_writes_costs_no_reconcile(mgr, reconciler, monkeypatch):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    renders = _counting_renders(monkeypatch, reconciler)
+    assert reconciler(KEY) is None                  # writes the status
+    assert len(renders) == 2 and mgr.client.writes() == [("patch_status", "my", "foobar")]
+    mgr.client.reset()
+    # The watch brings our own writes back (same resourceVersions): nothing to do,
+    # and nothing is even rendered.
+    mgr.sync()
+    assert reconciler(KEY) is None and reconciler(KEY) is None
+    assert len(renders) == 2 and mgr.client.calls == []
+    # The Deployment controller's next answer is a new version: reconciled, reported.
+    set_deployment_status(mgr, replicas=1, readyReplicas=1, updatedReplicas=1)
+    mgr.sync()
+    assert reconciler(KEY) is None
+    assert len(renders) == 4 and mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert mgr.client.obj(MY)["status"]["readyReplicas"] == 1
+
+
+def test_a_version_the_watch_brought_during_the_reconcile_is_not_taken_as_settled(
+        mgr, reconciler, monkeypatch):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    # While the status write is in flight, the user changes the spec and the
+    # watch brings it: the store now holds a version this reconcile never saw.
+    changed = {}
+
+    def user_edits_during_the_write(resource, name, patch, **kw):
+        written = original(resource, name, patch, **kw)
+        my = mgr.client.obj(MY)
+        my["spec"]["replicas"] = 3
+        my["metadata"]["generation"] = 2
+        my["metadata"]["resourceVersion"] = mgr.client._next_rv()
+        mgr.stores[MY].upsert(copy.deepcopy(my))
+        changed["rv"] = my["metadata"]["resourceVersion"]
+        return written
+
+    original = mgr.client.patch_status
+    monkeypatch.setattr(mgr.client, "patch_status", user_edits_during_the_write)
+    assert reconciler(KEY) is None
+    monkeypatch.setattr(mgr.client, "patch_status", original)
+    assert mgr.stores[MY].get(KEY)["metadata"]["resourceVersion"] == changed["rv"]
+    mgr.client.reset()
+    reconciler(KEY)                                 # the edit's event: not skipped
+    assert ("apply", "deployments", "foobar") in mgr.client.writes()
+    assert mgr.client.obj(DEPLOYMENTS)["spec"]["replicas"] == 3
+
+
+def test_a_held_status_is_never_taken_as_settled(mgr, reconciler, clock):
+    assert reconciler(KEY) == held(controller.STATUS_COALESCE_SECONDS)
+    mgr.sync()                                       # the echoes of the two creates
+    mgr.client.reset()
+    clock.now += controller.STATUS_COALESCE_SECONDS
+    assert reconciler(KEY) is None                   # the hold is over: written now
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
 
 
 def test_a_reconcile_before_the_caches_catch_up_writes_nothing(mgr, reconciler):
@@ -721,11 +797,11 @@ def test_a_late_deployment_controller_gets_an_early_status_then_one_more(mgr, re
     """The Deployment controller has not answered within the window: the user sees
     observedGeneration and Progressing at its end anyway, then its counts when it does."""
     hold = controller.STATUS_COALESCE_SECONDS
-    assert reconciler(KEY) == Result(requeue_after_seconds=hold)
+    assert reconciler(KEY) == held(hold)
     mgr.sync()
     mgr.client.reset()
     clock.advance(hold * 0.6)            # a watch event on the way: still held, for the rest
-    assert reconciler(KEY) == Result(requeue_after_seconds=pytest.approx(hold * 0.4))
+    assert reconciler(KEY) == held(pytest.approx(hold * 0.4))
     assert mgr.client.writes() == []
     clock.advance(hold * 0.4)            # the requeue: written as it stands
     assert reconciler(KEY) is None
@@ -745,15 +821,48 @@ def test_a_late_deployment_controller_gets_an_early_status_then_one_more(mgr, re
     assert reconciler(KEY) is None and mgr.client.calls == []
 
 
+@pytest.fixture
+def queue_wait():
+    """Play the runner: the key being reconciled waited this long in the work queue."""
+    from k8s_http import runner
+    tokens = []
+
+    def set_wait(seconds):
+        tokens.append(runner._queued_seconds.set(seconds))
+    yield set_wait
+    for token in reversed(tokens):
+        runner._queued_seconds.reset(token)
+
+
+@pytest.mark.parametrize("waited, window", [
+    (0.01, controller.STATUS_COALESCE_SECONDS),           # idle: the short window
+    (6.0, 6.0),                                           # a burst: as long as the queue took
+    (120.0, controller.STATUS_HOLD_CAP_SECONDS),           # never more than the cap
+])
+def test_the_hold_window_follows_the_queue_delay(mgr, reconciler, clock, queue_wait, waited,
+                                                 window):
+    queue_wait(waited)
+    assert reconciler(KEY) == held(window)
+    mgr.sync()
+    mgr.client.reset()
+    clock.advance(window * 0.5)
+    queue_wait(0.0)                      # the early requeue waited nothing: same window
+    assert reconciler(KEY) == held(pytest.approx(window * 0.5))
+    observe_rollout(mgr)                 # the answer inside the window: one status write
+    assert reconciler(KEY) is None
+    assert mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert mgr.client.obj(MY)["status"]["replicas"] == 1
+
+
 def test_a_rollout_in_progress_is_reported_at_most_once_per_window(mgr, reconciler, clock):
     hold = controller.STATUS_COALESCE_SECONDS
     reconciler(KEY)
     observe_rollout(mgr)
     reconciler(KEY)                      # status: 1 replica, Progressing
     change_spec(mgr, replicas=3)
-    assert reconciler(KEY) == Result(requeue_after_seconds=hold)   # Deployment scaled, held
+    assert reconciler(KEY) == held(hold)   # Deployment scaled, held
     observe_rollout(mgr, replicas=2)     # seen, but one pod still to come
-    assert reconciler(KEY) == Result(requeue_after_seconds=hold)
+    assert reconciler(KEY) == held(hold)
     assert mgr.client.writes() == []
     clock.advance(hold)
     assert reconciler(KEY) is None       # the window is over: 2 of 3 is what there is
@@ -828,10 +937,10 @@ def test_failures_are_reported_without_holding(mgr, reconciler):
 
 def test_a_deleted_my_forgets_its_held_status(mgr, reconciler):
     reconciler(KEY)
-    assert KEY in reconciler._held_since
+    assert KEY in reconciler._held_until
     mgr.forget(MY)
     reconciler(KEY)
-    assert KEY not in reconciler._held_since
+    assert KEY not in reconciler._held_until
 
 
 @pytest.mark.parametrize("status, pending", [
@@ -954,7 +1063,7 @@ def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
     del mgr.client.objects[("deployments", KEY)]
     mgr.sync()
     mgr.client.reset()
-    assert reconciler(KEY) == Result(requeue_after_seconds=controller.STATUS_COALESCE_SECONDS)
+    assert reconciler(KEY) == held(controller.STATUS_COALESCE_SECONDS)
     assert [c[0] for c in mgr.client.writes()] == ["apply-create", "apply-create"]
     observe_rollout(mgr)
     reconciler(KEY)
@@ -994,7 +1103,7 @@ def test_our_child_missing_from_a_lagging_cache_is_not_a_conflict(mgr, reconcile
     mgr.forget(DEPLOYMENTS)             # nor our writes (a restart)
     mgr.forget(SERVICES)
     mgr.client.reset()
-    assert reconciler(KEY) == Result(requeue_after_seconds=controller.STATUS_COALESCE_SECONDS)
+    assert reconciler(KEY) == held(controller.STATUS_COALESCE_SECONDS)
     # refused creates, then a read of each shows they are ours and as desired
     assert mgr.client.calls == [
         ("apply-refused", "deployments", "foobar"), ("get", "deployments", "foobar"),
@@ -1201,6 +1310,10 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
             seen.update(config=config, name=name, kwargs=kwargs)
             self.client = FakeApiServer()
 
+        def event_recorder(self, component):
+            seen.update(recorder_component=component)
+            return EventRecorder(self.client, component=component)
+
         def add_controller(self, resource, reconcile, **kwargs):
             seen.update(resource=resource, reconcile=reconcile, controller=kwargs)
 
@@ -1226,6 +1339,7 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
                                   qps=5.0, burst=10, graceful_shutdown_timeout_seconds=60.0,
                                   metrics_secure=True, metrics_cert_dir="/certs")
     assert seen["resource"] == MY and isinstance(seen["reconcile"], MyReconciler)
+    assert seen["recorder_component"] == "my-controller"   # the manager's recorder, sent async
     assert seen["controller"] == dict(
         owns=[DEPLOYMENTS, SERVICES],
         owns_label_selector="app.kubernetes.io/managed-by=my-controller", workers=2)
@@ -1238,6 +1352,9 @@ def test_main_defaults(monkeypatch):
         def __init__(self, config, name, **kwargs):
             seen.update(kwargs)
             self.client = None
+
+        def event_recorder(self, component):
+            return EventRecorder(self.client, component=component)
 
         def add_controller(self, *a, **k):
             seen["workers"] = k["workers"]
