@@ -99,6 +99,7 @@ class InMemoryApiClient:
         name = obj.get("metadata", {}).get("name", "")
         if self.creatable is not None:
             assert resource in self.creatable, f"unexpected create of {resource.plural}"
+        self._check_namespace(resource, obj, namespace)
         self._call("create", resource, name)
         self.created.append((resource, copy.deepcopy(obj)))
         if resource in self._answers:
@@ -114,6 +115,7 @@ class InMemoryApiClient:
 
     def replace(self, resource, obj, *, namespace=None):
         name = obj["metadata"]["name"]
+        self._check_namespace(resource, obj, namespace)
         self._call("replace", resource, name)
         key = self._key(resource, name, namespace or obj["metadata"].get("namespace"))
         old = self.objects.get(key)
@@ -238,6 +240,13 @@ class InMemoryApiClient:
     @staticmethod
     def _key(resource: Resource, name: str, namespace: str | None) -> tuple[str, ObjectKey]:
         return (resource.plural, ObjectKey(namespace, name))
+
+    @staticmethod
+    def _check_namespace(resource: Resource, obj: dict, namespace: str | None) -> None:
+        """A namespaced object is sent to its own namespace (the apiserver refuses others)."""
+        if resource.namespaced:
+            assert namespace is not None and obj["metadata"].get("namespace") in (None, namespace), \
+                (resource.plural, namespace, obj["metadata"].get("namespace"))
 
     def _call(self, recorded: str, resource: Resource, name: str, kwargs: dict | None = None,
               *, verb: str | None = None) -> None:
