@@ -20,6 +20,7 @@ from k8s_http import errors
 from k8s_http.config import ClusterConfig, CredentialError, StaticToken, TokenFile
 from k8s_http.metrics import Metrics
 from k8s_http.transport import DEFAULT_USER_AGENT, Transport
+from tests.support.clock import FakeClock
 from tests.support.certs import CLIENT_CN, test_pki
 from tests.support.fake_apiserver import (
     FakeApiServer, chunk, close, close_after_response, http_head, raw, redirect, reset, respond,
@@ -454,8 +455,7 @@ def test_https_through_a_connect_proxy(server, pki):
 
 
 def test_client_side_token_bucket(server, pki):
-    now = [100.0]
-    t = make_transport(server, pki, qps=2.0, burst=1, clock=lambda: now[0])
+    t = make_transport(server, pki, qps=2.0, burst=1, clock=FakeClock(100.0))
     for _ in range(3):
         t.request("GET", "/version")
     # Burst 1 goes at once; the next two queue behind it at 2 qps (the clock never moves).

@@ -32,7 +32,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Collection
 
-from k8s_http.errors import AlreadyExistsError, ConflictError, NotFoundError
+from k8s_http.errors import (AlreadyExistsError, ApiConnectionError, ConflictError,
+                             NotFoundError)
 from k8s_http.objects import DEPLOYMENTS, EVENTS, SERVICES, ObjectKey, Resource
 
 
@@ -64,6 +65,7 @@ class InMemoryApiClient:
         self.on_write: list = []                   # hooks(resource, obj) on patch: a webhook
         self.lists: Callable[..., dict] | None = None      # (resource, **kwargs) -> a list
         self.watches: Callable[..., Any] | None = None     # (resource, **kwargs) -> a stream
+        self.script: list = []                     # the steps play() has left
         self._answers: dict[Resource, Callable[[dict], dict]] = {}
         self._last_rv = first_resource_version - 1
 
@@ -84,6 +86,29 @@ class InMemoryApiClient:
     def answer(self, resource: Resource, status: Callable[[dict], dict]) -> None:
         """create() of `resource` returns the body with `status(body)` as its status, unstored."""
         self._answers[resource] = status
+
+    def play(self, steps: list, *, then: Callable[[], Any]) -> None:
+        """list() and watch() answer from `steps` in order, each a (verb, answer) pair.
+
+        An answer that is an exception is raised; a watch's list of items becomes
+        a `ScriptedWatchStream`. A call of the other verb than the next step's
+        fails the test. Once the steps run out, `then()` runs (a test stops its
+        loop there) and the call fails as an unreachable apiserver would.
+        """
+        self.script = list(steps)
+
+        def answer(verb):
+            def next_step(resource, **kwargs):
+                if not self.script:
+                    then()
+                    raise ApiConnectionError("script exhausted")
+                want, result = self.script.pop(0)
+                assert want == verb, (want, verb, kwargs)
+                if isinstance(result, BaseException):
+                    raise result
+                return ScriptedWatchStream(result) if verb == "watch" else result
+            return next_step
+        self.lists, self.watches = answer("list"), answer("watch")
 
     # -- the ApiClient surface
 
@@ -195,8 +220,8 @@ class InMemoryApiClient:
         namespace = kwargs.get("namespace")
         items = [copy.deepcopy(o) for (plural, key), o in self.objects.items()
                  if plural == resource.plural and namespace in (None, key.namespace)]
-        # Like etcd: the list is as of the latest revision handed out.
-        return {"metadata": {"resourceVersion": str(self._last_rv)}, "items": items}
+        # As of the latest revision handed out; never "0", which a watch reads as "any".
+        return {"metadata": {"resourceVersion": str(max(self._last_rv, 1))}, "items": items}
 
     def watch(self, resource, **kwargs):
         self._call("watch", resource, "", kwargs)
@@ -263,6 +288,36 @@ class InMemoryApiClient:
         obj["metadata"]["resourceVersion"] = self.next_resource_version()
         self.objects[key] = obj
         return copy.deepcopy(obj)
+
+
+class ScriptedWatchStream:
+    """A watch stream that yields `items` in order; an exception among them is raised there.
+
+    Given a clock, `silent_for` seconds pass on it after the last event and
+    before the stream ends (cleanly, or with its exception): the time a real
+    stream spends waiting for bytes that never come. `skipped` is what the
+    watcher reads of a decoder's skipped lines (none here).
+    """
+
+    def __init__(self, items=(), *, clock=None, silent_for: float = 0.0):
+        self.items, self.clock, self.silent_for = list(items), clock, silent_for
+        self.closed = False
+        self.skipped = 0
+
+    def __iter__(self):
+        for item in self.items:
+            if isinstance(item, BaseException):
+                self._fall_silent()
+                raise item
+            yield item
+        self._fall_silent()
+
+    def _fall_silent(self) -> None:
+        if self.silent_for:
+            self.clock.advance(self.silent_for)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 # ---------------------------------------------------------------------------
