@@ -11,7 +11,8 @@ because the fake said yes to a call nobody expected:
   (TokenReview, SubjectAccessReview) are answered and not stored, as the
   apiserver does; Events are recorded and not stored (nothing reads them back);
   with `creatable=` any other resource fails the test;
-- replace: 409 Conflict on a stale resourceVersion, 404 on a missing object;
+- replace: 409 Conflict on a stale resourceVersion (none sent: unconditional,
+  as for the apiserver), 404 on a missing object;
 - apply (server-side): needs `field_manager=` at construction and `force=True`;
   fills in the defaults `server_defaults` lists, keeps what others own, and
   moves the resourceVersion only when something changed; `create_only` is
@@ -146,7 +147,8 @@ class InMemoryApiClient:
         old = self.objects.get(key)
         if old is None:
             raise NotFoundError(404, f"{resource.plural} {name!r} not found", reason="NotFound")
-        if obj["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
+        sent_rv = obj["metadata"].get("resourceVersion")
+        if sent_rv is not None and sent_rv != old["metadata"]["resourceVersion"]:
             raise ConflictError(409, "the object has been modified", reason="Conflict")
         return self._store(key, obj)
 
