@@ -5,7 +5,9 @@
                       else starts a private one for the session and stops it after
     admin_kubeconfig  path of a system:masters client-cert kubeconfig
     api               an ApiClient built from it, the way users build one
-    namespace         a fresh namespace per test, deleted afterwards
+    namespace         a fresh namespace per test, deleted afterwards; in a test marked
+                      `mys_deleted_first`, its Mys are deleted (and their children
+                      collected) before it goes
 
 Every test under tests/e2e is marked `e2e`. Missing binaries are built before
 the first test (progress shown), outside any per-test timeout; if they cannot
@@ -29,6 +31,12 @@ _E2E_DIR = Path(__file__).resolve().parent
 # Set by pytest_collection_finish, read by the control_plane fixture.
 _binaries_error: str | None = None
 _session_plane: ControlPlane | None = None
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "mys_deleted_first: the test's namespace is emptied of Mys (their children "
+        "collected) before it is deleted")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -118,11 +126,21 @@ def namespace(api, request) -> str:
     name = f"e2e-{slug[:40].rstrip('-')}-{uuid.uuid4().hex[:5]}"
     api.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                             "metadata": {"name": name, "labels": {"e2e.my-controller/test": "1"}}})
-    yield name
     try:
-        api.delete(NAMESPACES, name)
-    except NotFoundError:
-        pass
+        yield name
+        if request.node.get_closest_marker("mys_deleted_first"):
+            # A namespace deletion removes Deployments and Mys in no particular
+            # order: an operator still running would put a child back and be
+            # refused (403) by the terminating namespace. Real and handled, but
+            # noise in a test that counts writes, 403s or log lines.
+            from tests.e2e.operator_process import delete_mys_and_wait
+
+            delete_mys_and_wait(api, name)
+    finally:
+        try:
+            api.delete(NAMESPACES, name)
+        except NotFoundError:
+            pass
 
 
 @pytest.fixture

@@ -28,12 +28,12 @@ import yaml
 from k8s_http.errors import NotFoundError
 from k8s_http.objects import DEPLOYMENTS, LEASES, SERVICES
 from tests.support.image_runtime import PodSandbox, UnpackedImage
-from tests.e2e.operator_process import (MY, ROOT, SA, SYSTEM_NS, delete_mys_and_wait, free_port,
+from tests.e2e.operator_process import (MY, ROOT, SA, SYSTEM_NS, free_port,
                                         http_get, install_manifests, is_available,
                                         kubeconfig_token, lease_spec, make_my, metric_sum)
 from tests.support.wait import eventually
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.mys_deleted_first]
 
 _CFG = configparser.ConfigParser()
 _CFG.read(ROOT / "setup.cfg")
@@ -63,12 +63,6 @@ def image(tmp_path_factory) -> UnpackedImage:
              if (unpacked.rootfs / SITE / src.relative_to(ROOT)).read_bytes() != src.read_bytes()]
     assert not stale, f"the image is older than {stale}: run `make image`"
     return unpacked
-
-
-@pytest.fixture
-def namespace(api, namespace):
-    yield namespace
-    delete_mys_and_wait(api, namespace)
 
 
 def service_account_files(control_plane, tmp_path) -> tuple[pathlib.Path, str]:

@@ -27,7 +27,7 @@ import time
 import pytest
 
 from k8s_http.objects import DEPLOYMENTS
-from tests.e2e.operator_process import (MY, OperatorProcess, delete_mys_and_wait,
+from tests.e2e.operator_process import (MY, OperatorProcess,
                                         install_manifests, is_available, lease_spec, make_my,
                                         micro_time_to_epoch, stays_true)
 from tests.support.wait import eventually
@@ -43,20 +43,13 @@ CRASH_HANDOVER_MAX = LEASE_DURATION + 2 * RETRY_PERIOD * 2.2 + 1.2   # 25 s
 FREEZE_SECONDS = 30.0
 CONVERGE_TIMEOUT = 30.0
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.mys_deleted_first]
 
 
 @pytest.fixture(scope="module")
 def installed(control_plane):
     install_manifests(control_plane)
     return control_plane
-
-
-@pytest.fixture
-def namespace(api, namespace):
-    """conftest's namespace, emptied of Mys (and their children) before it is deleted."""
-    yield namespace
-    delete_mys_and_wait(api, namespace)
 
 
 def start_candidates(fleet, kubeconfig, namespace, names) -> list[OperatorProcess]:

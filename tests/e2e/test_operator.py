@@ -30,7 +30,6 @@ import yaml
 from k8s_http.errors import ForbiddenError, InvalidError, NotFoundError
 from k8s_http.objects import (DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SERVICEACCOUNTS, SERVICES,
                               Resource, get_condition)
-from tests.e2e.operator_process import delete_mys_and_wait
 from tests.support.wait import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -41,6 +40,10 @@ SA = "my-controller"
 MANAGED = {"app.kubernetes.io/managed-by": "my-controller"}
 # Everything here converges in about a second; this is headroom for a loaded CI machine.
 TIMEOUT = 30.0
+# The module's operator runs throughout: a test's namespace going with its Mys
+# still in it would add the operator's refused re-creations to the writes and
+# 403s this module counts.
+pytestmark = pytest.mark.mys_deleted_first
 
 
 # ---------------------------------------------------------------------------
@@ -146,19 +149,6 @@ def operator(installed, tmp_path_factory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-@pytest.fixture
-def namespace(api, namespace):
-    """conftest's `namespace`, its Mys deleted (and their children collected) before it goes.
-
-    Deleting a namespace removes its Deployments and Mys in no particular order;
-    an operator that sees its Deployment go while the My is still there puts it
-    back, which a terminating namespace refuses (403). That race is real and
-    handled (no retry), but it would muddy this module's count of writes and 403s.
-    """
-    yield namespace
-    delete_mys_and_wait(api, namespace)
 
 
 def make_my(name: str, namespace: str, **spec) -> dict:

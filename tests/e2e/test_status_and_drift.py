@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from k8s_http.objects import DEPLOYMENTS, NAMESPACES, PODS, SERVICES, get_condition
 from tests.e2e.test_operator import (  # noqa: F401  (fixtures)
-    MY, TIMEOUT, events_for, get_or_none, installed, kubectl, make_my, namespace, operator,
+    MY, TIMEOUT, events_for, get_or_none, installed, kubectl, make_my, operator,
     wait_reason,
 )
 from tests.support.wait import eventually
+
+# test_operator's operator runs throughout this module too.
+pytestmark = pytest.mark.mys_deleted_first
 
 RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000,
                   "seccompProfile": {"type": "RuntimeDefault"}}

@@ -18,18 +18,11 @@ import signal
 import pytest
 
 from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, close_fleet_and_delete_lease,
-                                        delete_mys_and_wait, install_manifests, is_available,
+                                        install_manifests, is_available,
                                         kubeconfig_token, make_my)
 from tests.support.wait import eventually
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def namespace(api, namespace):
-    """conftest's namespace, emptied of Mys (and their children) before it is deleted."""
-    yield namespace
-    delete_mys_and_wait(api, namespace)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.mys_deleted_first]
 
 
 def test_the_token_is_in_no_line_of_a_debug_run(control_plane, api, namespace, fleet, tmp_path):

@@ -15,27 +15,13 @@ from k8s_http.config import ClusterConfig, StaticToken
 from k8s_http.metrics import Metrics
 from k8s_http.objects import CONFIGMAPS, DEPLOYMENTS, NAMESPACES
 from k8s_http.watchproto import WatchDecodeError
-from tests.support.certs import test_pki
 from tests.support.fake_apiserver import (
-    LAST_CHUNK, FakeApiServer, call, chunk, http_head, raw, status, status_body, trickle,
+    LAST_CHUNK, TOKEN, call, chunk, http_head, raw, status, status_body, trickle,
     watch_line,
 )
 from tests.support.wait import eventually
 
-TOKEN = "client-test-token"
 CM = CONFIGMAPS.path("default")
-
-
-@pytest.fixture(scope="module")
-def pki():
-    return test_pki()
-
-
-@pytest.fixture
-def server(pki):
-    with FakeApiServer(pki=pki, token=TOKEN) as srv:
-        yield srv
-    assert not srv.errors, srv.errors
 
 
 @pytest.fixture

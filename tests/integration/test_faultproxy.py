@@ -18,18 +18,12 @@ from k8s_http.config import ClusterConfig
 from k8s_http.metrics import Metrics
 from k8s_http.objects import CONFIGMAPS
 from k8s_http.watchproto import ChunkedFramingError, WatchDecodeError
-from tests.support.certs import test_pki
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.faultproxy import FaultProxy, scenario
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.timeout(60)
 NS = "default"
-
-
-@pytest.fixture(scope="module")
-def pki():
-    return test_pki()
 
 
 @pytest.fixture

@@ -19,37 +19,14 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from k8s_http import CONFIGMAPS, ConfigError, Manager
-from k8s_http.objects import LEASES, SUBJECTACCESSREVIEWS, TOKENREVIEWS
+from k8s_http.objects import LEASES
 from tests.e2e.operator_process import free_port
 from tests.support.certs import test_pki
-from tests.support.fake_apiserver import FakeApiServer
 from tests.support.wait import eventually
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-READER = "system:serviceaccount:monitoring:prometheus"
-TOKENS = {"reader-token": READER, "other-token": "someone"}
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def answer_reviews(ex) -> bool:
-    body = ex.request.json()
-    if ex.request.path == TOKENREVIEWS.path():
-        user = TOKENS.get(body["spec"]["token"])
-        status = {"authenticated": True, "user": {"username": user}} if user \
-            else {"authenticated": False}
-    else:
-        status = {"allowed": body["spec"]["user"] == READER}
-    return ex.respond(201, {**body, "status": status})
-
-
-@pytest.fixture
-def apiserver():
-    with FakeApiServer() as server:
-        server.script(answer_reviews, times=None,
-                      match=lambda r: r.method == "POST" and r.path in (
-                          TOKENREVIEWS.path(), SUBJECTACCESSREVIEWS.path()))
-        yield server
 
 
 def manager(apiserver, **kwargs) -> Manager:

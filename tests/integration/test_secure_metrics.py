@@ -1,7 +1,8 @@
 """Secure metrics end to end: HTTPS ProbeServer -> MetricsAuthorizer -> ApiClient -> fake apiserver.
 
 The fake apiserver plays the authenticator and the authorizer: TokenReviews
-and SubjectAccessReviews are answered by a scripted action.
+and SubjectAccessReviews are answered by a scripted action (the `apiserver`
+fixture of tests/integration/conftest.py, tokens in tests/support/reviews.py).
 """
 
 from __future__ import annotations
@@ -16,39 +17,10 @@ from prometheus_client import CollectorRegistry, Gauge
 from k8s_http.authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from k8s_http.client import ApiClient
 from k8s_http.config import ClusterConfig
-from k8s_http.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
 from k8s_http.probes import HealthChecks, ProbeServer, ping
 from tests.support.certs import test_pki
-from tests.support.fake_apiserver import FakeApiServer
 
 pytestmark = pytest.mark.timeout(60)
-
-TOKENS = {"prom-token": "system:serviceaccount:monitoring:prometheus",
-          "alice-token": "alice"}
-ALLOWED = {"system:serviceaccount:monitoring:prometheus"}
-
-
-def answer_reviews(ex) -> bool:
-    """The apiserver's authentication and authorization, for two known tokens."""
-    body = ex.request.json()
-    if ex.request.path == TOKENREVIEWS.path():
-        user = TOKENS.get(body["spec"]["token"])
-        status = {"authenticated": True, "user": {"username": user, "groups": []}} \
-            if user else {"authenticated": False}
-    else:
-        attrs = body["spec"]["nonResourceAttributes"]
-        status = {"allowed": body["spec"]["user"] in ALLOWED
-                  and attrs == {"path": "/metrics", "verb": "get"}}
-    return ex.respond(201, {**body, "status": status})
-
-
-@pytest.fixture
-def apiserver():
-    with FakeApiServer() as server:
-        server.script(answer_reviews, times=None,
-                      match=lambda r: r.method == "POST" and r.path in (
-                          TOKENREVIEWS.path(), SUBJECTACCESSREVIEWS.path()))
-        yield server
 
 
 @pytest.fixture

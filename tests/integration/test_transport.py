@@ -20,27 +20,15 @@ from k8s_http import errors
 from k8s_http.config import ClusterConfig, CredentialError, StaticToken, TokenFile
 from k8s_http.metrics import Metrics
 from k8s_http.transport import DEFAULT_USER_AGENT, Transport
-from tests.support.certs import CLIENT_CN, test_pki
+from tests.support.certs import CLIENT_CN
+from tests.support.clock import FakeClock
 from tests.support.fake_apiserver import (
     FakeApiServer, chunk, close, close_after_response, http_head, raw, redirect, reset, respond,
-    sequence, stall, status, status_body, too_many_requests, trickle, LAST_CHUNK,
+    sequence, stall, status, status_body, too_many_requests, trickle, LAST_CHUNK, TOKEN,
 )
 from tests.support.wait import eventually
 
-TOKEN = "t0ken-Sekrit-4f1c9a"          # distinctive, so a leak is found by substring
 CM_PATH = "/api/v1/namespaces/default/configmaps"
-
-
-@pytest.fixture(scope="module")
-def pki():
-    return test_pki()
-
-
-@pytest.fixture
-def server(pki):
-    with FakeApiServer(pki=pki, token=TOKEN) as srv:
-        yield srv
-    assert not srv.errors, srv.errors
 
 
 class Sleeps(list):
@@ -454,8 +442,7 @@ def test_https_through_a_connect_proxy(server, pki):
 
 
 def test_client_side_token_bucket(server, pki):
-    now = [100.0]
-    t = make_transport(server, pki, qps=2.0, burst=1, clock=lambda: now[0])
+    t = make_transport(server, pki, qps=2.0, burst=1, clock=FakeClock(100.0))
     for _ in range(3):
         t.request("GET", "/version")
     # Burst 1 goes at once; the next two queue behind it at 2 qps (the clock never moves).

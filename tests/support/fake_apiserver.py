@@ -501,6 +501,11 @@ def _now() -> str:
 # ---------------------------------------------------------------------------
 # The server
 
+# The bearer token tests give a server that takes one: distinctive, so that a
+# leak is found by substring.
+TOKEN = "t0ken-Sekrit-4f1c9a"
+
+
 
 @dataclass
 class _Event:

@@ -6,40 +6,46 @@ from k8s_http import errors
 from k8s_http.authn import MetricsAuthorizer, server_tls_context
 from k8s_http.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
 from tests.support.clock import FakeClock
+from tests.support.fake_client import InMemoryApiClient
 
 PROMETHEUS = {"username": "system:serviceaccount:monitoring:prometheus", "uid": "u-1",
               "groups": ["system:serviceaccounts", "system:authenticated"],
               "extra": {"authentication.kubernetes.io/pod-name": ["prometheus-0"]}}
 
 
-class FakeClient:
-    """Answers TokenReviews from `tokens` and SubjectAccessReviews from `allowed`."""
+class Cluster:
+    """What the apiserver decides from: tokens and their users, users RBAC lets get /metrics."""
 
     def __init__(self):
         self.tokens = {"good": PROMETHEUS}
         self.allowed = {PROMETHEUS["username"]}
-        self.created = []
-        self.fail = None
 
-    def create(self, resource, obj, *, namespace=None):
-        self.created.append((resource, obj))
-        if self.fail:
-            raise self.fail
-        if resource is TOKENREVIEWS:
-            user = self.tokens.get(obj["spec"]["token"])
-            return {"status": {"authenticated": True, "user": user} if user else {}}
-        assert resource is SUBJECTACCESSREVIEWS
-        allowed = obj["spec"]["user"] in self.allowed
-        return {"status": {"allowed": allowed, "reason": "" if allowed else "no RBAC rule"}}
+    def token_review(self, review):
+        user = self.tokens.get(review["spec"]["token"])
+        return {"authenticated": True, "user": user} if user else {}
 
-    def count(self, resource):
-        return sum(1 for r, _ in self.created if r is resource)
+    def access_review(self, review):
+        allowed = review["spec"]["user"] in self.allowed
+        return {"allowed": allowed, "reason": "" if allowed else "no RBAC rule"}
 
 
 @pytest.fixture
-def setup():
-    client, clock = FakeClient(), FakeClock(100.0)
+def cluster():
+    return Cluster()
+
+
+@pytest.fixture
+def setup(cluster):
+    client, clock = InMemoryApiClient(creatable={TOKENREVIEWS, SUBJECTACCESSREVIEWS}), \
+        FakeClock(100.0)
+    client.answer(TOKENREVIEWS, cluster.token_review)
+    client.answer(SUBJECTACCESSREVIEWS, cluster.access_review)
     return MetricsAuthorizer(client, clock=clock), client, clock
+
+
+def count(client, resource):
+    """Reviews sent (failed ones included)."""
+    return sum(1 for call in client.calls if call[:2] == ("create", resource.plural))
 
 
 def test_allowed_scrape_and_the_reviews_sent(setup):
@@ -67,9 +73,9 @@ def test_rejected_token_is_401(setup):
     assert authz.check("Bearer forged").code == 401
 
 
-def test_authenticated_but_not_authorized_is_403(setup):
+def test_authenticated_but_not_authorized_is_403(setup, cluster):
     authz, client, _ = setup
-    client.tokens["other"] = {"username": "alice", "groups": []}
+    cluster.tokens["other"] = {"username": "alice", "groups": []}
     decision = authz.check("bearer other")
     assert decision.code == 403
     assert "'alice' may not get /metrics: no RBAC rule" in decision.reason
@@ -79,39 +85,39 @@ def test_token_reviews_cached_one_minute(setup):
     authz, client, clock = setup
     for _ in range(5):
         assert authz.check("Bearer good").allowed
-    assert client.count(TOKENREVIEWS) == 1
+    assert count(client, TOKENREVIEWS) == 1
     clock.now += 59.9
     authz.check("Bearer good")
-    assert client.count(TOKENREVIEWS) == 1
+    assert count(client, TOKENREVIEWS) == 1
     clock.now += 0.1
     authz.check("Bearer good")
-    assert client.count(TOKENREVIEWS) == 2
+    assert count(client, TOKENREVIEWS) == 2
 
 
 def test_rejected_tokens_are_cached_too(setup):
     authz, client, _ = setup
     authz.check("Bearer forged")
     authz.check("Bearer forged")
-    assert client.count(TOKENREVIEWS) == 1
+    assert count(client, TOKENREVIEWS) == 1
 
 
-def test_allow_cached_five_minutes(setup):
+def test_allow_cached_five_minutes(setup, cluster):
     authz, client, clock = setup
     authz.check("Bearer good")
-    client.allowed.clear()              # RBAC revoked: seen after the allow TTL
+    cluster.allowed.clear()              # RBAC revoked: seen after the allow TTL
     clock.now += 299
-    client.tokens = {"good": PROMETHEUS}
+    cluster.tokens = {"good": PROMETHEUS}
     assert authz.check("Bearer good").code == 200
     clock.now += 1
     assert authz.check("Bearer good").code == 403
-    assert client.count(SUBJECTACCESSREVIEWS) == 2
+    assert count(client, SUBJECTACCESSREVIEWS) == 2
 
 
-def test_deny_cached_thirty_seconds(setup):
+def test_deny_cached_thirty_seconds(setup, cluster):
     authz, client, clock = setup
-    client.allowed.clear()
+    cluster.allowed.clear()
     assert authz.check("Bearer good").code == 403
-    client.allowed.add(PROMETHEUS["username"])   # a RoleBinding is created
+    cluster.allowed.add(PROMETHEUS["username"])   # a RoleBinding is created
     clock.now += 29.9
     assert authz.check("Bearer good").code == 403
     clock.now += 0.1

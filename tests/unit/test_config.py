@@ -153,7 +153,7 @@ def make_plugin(tmp_path, *, clock=None, timeout_seconds=30.0, api_version=V1, *
     return ExecCredential(sys.executable, [PLUGIN], api_version=api_version,
                           interactive_mode="Never",
                           env=[("PLUGIN_COUNT_FILE", str(tmp_path / "runs")), *env.items()],
-                          base_env=BASE_ENV, wall_clock=clock or (lambda: 1_000_000_000.0),
+                          base_env=BASE_ENV, wall_clock=clock or FakeClock(1_000_000_000.0),
                           timeout_seconds=timeout_seconds)
 
 

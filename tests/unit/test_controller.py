@@ -1,14 +1,14 @@
 """controller.py: the pure parts on their own, the reconcile against fakes, the command line.
 
-The fakes stand for the Manager (stores + client). `FakeApiServer` mimics what
-matters of the apiserver for server-side apply: defaults it fills in,
-quantities it canonicalises, resourceVersions that move only on a change.
+The fakes stand for the Manager (stores + client). The client is the shared
+`tests.support.fake_client.InMemoryApiClient`, which mimics what matters of the
+apiserver for server-side apply: defaults it fills in, quantities it
+canonicalises, resourceVersions that move only on a change.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
 import os
 import pathlib
 import subprocess
@@ -25,11 +25,12 @@ from controller import (
 )
 from k8s_http import (
     EventRecorder,
-    DEPLOYMENTS, EVENTS, SERVICES, ConflictError, InvalidError, NotFoundError, ObjectKey,
+    DEPLOYMENTS, EVENTS, SERVICES, InvalidError, ObjectKey,
     Result,
     parse_duration, set_condition,
 )
 from tests.support.clock import FakeClock
+from tests.support.fake_client import InMemoryApiClient, server_defaults
 
 from k8s_http.store import Store
 
@@ -55,204 +56,15 @@ def make_my(spec=None, *, name="foobar", generation=1, status=None, rv="100", ui
 
 
 # ---------------------------------------------------------------------------
-# A fake apiserver: just enough of server-side apply
-
-
-_CANONICAL = {"1000m": "1", "0.5": "500m", "1024Mi": "1Gi", "2000m": "2", "0.1": "100m"}
-
-
-def _canonical_quantities(obj):
-    for container in obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
-        for section in (container.get("resources") or {}).values():
-            for name, value in section.items():
-                section[name] = _CANONICAL.get(value, value)
-
-
-def server_defaults(resource, obj):
-    """What the apiserver adds to an applied child."""
-    obj = copy.deepcopy(obj)
-    spec = obj.setdefault("spec", {})
-    if resource == DEPLOYMENTS:
-        spec.setdefault("strategy", {"type": "RollingUpdate",
-                                     "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})
-        spec.setdefault("revisionHistoryLimit", 10)
-        spec.setdefault("progressDeadlineSeconds", 600)
-        pod = spec["template"]["spec"]
-        pod.setdefault("restartPolicy", "Always")
-        pod.setdefault("dnsPolicy", "ClusterFirst")
-        pod.setdefault("schedulerName", "default-scheduler")
-        pod.setdefault("securityContext", {})
-        pod.setdefault("terminationGracePeriodSeconds", 30)
-        spec["template"]["metadata"].setdefault("creationTimestamp", None)
-        for c in pod["containers"]:
-            c.setdefault("terminationMessagePath", "/dev/termination-log")
-            c.setdefault("terminationMessagePolicy", "File")
-            c.setdefault("imagePullPolicy", "IfNotPresent")
-            c.setdefault("resources", {})
-            for p in c.get("ports", []):
-                p.setdefault("protocol", "TCP")
-        _canonical_quantities(obj)
-    elif resource == SERVICES:
-        spec.setdefault("clusterIP", "10.0.0.17")
-        spec.setdefault("clusterIPs", ["10.0.0.17"])
-        spec.setdefault("sessionAffinity", "None")
-        spec.setdefault("ipFamilies", ["IPv4"])
-        spec.setdefault("ipFamilyPolicy", "SingleStack")
-        spec.setdefault("internalTrafficPolicy", "Cluster")
-        for p in spec["ports"]:
-            p.setdefault("protocol", "TCP")
-            if spec.get("type") in ("NodePort", "LoadBalancer"):
-                p.setdefault("nodePort", 31234)
-    return obj
-
-
-class FakeApiServer:
-    """A recording ApiClient over a dict of objects."""
-
-    def __init__(self):
-        self.objects: dict[tuple[str, ObjectKey], dict] = {}
-        self.calls: list[tuple[str, str, str]] = []
-        self.events: list[dict] = []
-        self._rv = itertools.count(1000)
-        self.fail_apply: Exception | None = None
-        self.on_write: list = []        # hooks(resource, obj): a mutating webhook
-
-    def _next_rv(self) -> str:
-        return str(next(self._rv))
-
-    def put(self, resource, obj):
-        obj = copy.deepcopy(obj)
-        obj["metadata"].setdefault("resourceVersion", self._next_rv())
-        self.objects[(resource.plural, ObjectKey(obj["metadata"]["namespace"],
-                                                 obj["metadata"]["name"]))] = obj
-        return obj
-
-    # -- the ApiClient surface the controller uses
-
-    def get(self, resource, name, *, namespace=None, subresource=None):
-        self.calls.append(("get", resource.plural, name))
-        obj = self.objects.get((resource.plural, ObjectKey(namespace, name)))
-        if obj is None:
-            raise NotFoundError(404, f"{resource.plural} {name} not found", reason="NotFound")
-        return copy.deepcopy(obj)
-
-    def apply(self, resource, obj, *, field_manager, force=False, namespace=None,
-              create_only=False, **_):
-        assert field_manager == "my-controller" and force is True
-        assert obj["metadata"]["namespace"] == namespace
-        assert "resourceVersion" not in obj["metadata"]
-        key = (resource.plural, ObjectKey(namespace, obj["metadata"]["name"]))
-        old = self.objects.get(key)
-        if create_only and old is not None:
-            # the apiserver refuses it (409) and changes nothing: not a write
-            self.calls.append(("apply-refused", resource.plural, obj["metadata"]["name"]))
-            raise ConflictError(409, "the object has been modified", reason="Conflict")
-        self.calls.append(("apply-create" if create_only else "apply", resource.plural,
-                           obj["metadata"]["name"]))
-        if self.fail_apply is not None:
-            raise self.fail_apply
-        new = server_defaults(resource, obj)
-        if old is None:
-            new["metadata"].update(uid=f"uid-{resource.plural}", generation=1)
-            new["status"] = {}
-        else:
-            # Keep what the server and other managers own; ours replaces ours.
-            merged = copy.deepcopy(old)
-            merged["metadata"]["labels"] = {**old["metadata"].get("labels", {}),
-                                            **new["metadata"]["labels"]}
-            merged["metadata"]["annotations"] = {**old["metadata"].get("annotations", {}),
-                                                 **new["metadata"]["annotations"]}
-            merged["metadata"]["ownerReferences"] = new["metadata"]["ownerReferences"]
-            merged["spec"] = new["spec"]
-            if merged == old:
-                return copy.deepcopy(old)   # no change: same resourceVersion
-            if merged["spec"] != old["spec"]:
-                merged["metadata"]["generation"] = old["metadata"]["generation"] + 1
-            new = merged
-        new["metadata"]["resourceVersion"] = self._next_rv()
-        self.objects[key] = new
-        return copy.deepcopy(new)
-
-    def patch(self, resource, name, patch, *, namespace=None, patch_type="merge",
-              field_manager=None):
-        """Just enough of a strategic merge patch: keyed lists, `$patch: delete`, nulls."""
-        assert patch_type == "strategic" and field_manager == "my-controller"
-        self.calls.append(("patch", resource.plural, name))
-        key = (resource.plural, ObjectKey(namespace, name))
-        old = self.objects[key]
-        new = _strategic_merge(copy.deepcopy(old), patch)
-        for hook in self.on_write:
-            hook(resource, new)
-        if new != old:
-            new["metadata"]["resourceVersion"] = self._next_rv()
-            self.objects[key] = new
-        return copy.deepcopy(new)
-
-    def patch_status(self, resource, name, patch, *, namespace=None, patch_type="merge"):
-        assert resource == MY and set(patch) == {"status"}
-        self.calls.append(("patch_status", resource.plural, name))
-        key = (resource.plural, ObjectKey(namespace, name))
-        obj = self.objects.get(key)
-        if obj is None:
-            raise NotFoundError(404, "gone", reason="NotFound")
-        obj["status"] = copy.deepcopy(patch["status"])
-        obj["metadata"]["resourceVersion"] = self._next_rv()
-        return copy.deepcopy(obj)
-
-    def create(self, resource, obj, *, namespace=None, **_):
-        assert resource == EVENTS
-        self.calls.append(("create", resource.plural, obj["metadata"]["name"]))
-        self.events.append(obj)
-        return obj
-
-    # -- views for assertions
-
-    def writes(self):
-        """Object writes (events are counted apart)."""
-        return [c for c in self.calls if c[0] in ("apply", "apply-create", "patch_status",
-                                                  "patch")]
-
-    def reset(self):
-        self.calls.clear()
-        self.events.clear()
-
-    def obj(self, resource, key=KEY):
-        return self.objects.get((resource.plural, key))
-
-
-_MERGE_KEYS = ("name", "containerPort", "port")
-
-
-def _strategic_merge(target, patch):
-    if isinstance(patch, dict) and isinstance(target, dict):
-        for k, v in patch.items():
-            if v is None:
-                target.pop(k, None)
-            elif k in target:
-                target[k] = _strategic_merge(target[k], v)
-            else:
-                target[k] = copy.deepcopy(v)
-        return target
-    if isinstance(patch, list) and isinstance(target, list) and patch \
-            and all(isinstance(i, dict) for i in patch + target):
-        mk = next(k for k in _MERGE_KEYS if k in patch[0])
-        for item in patch:
-            at = [i for i, t in enumerate(target) if t.get(mk) == item[mk]]
-            if item.get("$patch") == "delete":
-                target[:] = [t for t in target if t.get(mk) != item[mk]]
-            elif at:
-                target[at[0]] = _strategic_merge(target[at[0]], item)
-            else:
-                target.append(copy.deepcopy(item))
-        return target
-    return copy.deepcopy(patch)
+# The Manager the reconciler reads: real Stores over the in-memory client
 
 
 class FakeManager:
     """The real Store (read-your-writes included); `sync` plays the watch catching up."""
 
     def __init__(self):
-        self.client = FakeApiServer()
+        self.client = InMemoryApiClient(field_manager="my-controller", creatable={EVENTS},
+                                        first_resource_version=1000)
         self.stores = {MY: Store(), DEPLOYMENTS: Store(), SERVICES: Store()}
         self.deletion_watches: dict[tuple[str, ObjectKey], ObjectKey] = {}
         self.deletion_watch_limit = 100
@@ -308,9 +120,8 @@ def clock():
 @pytest.fixture
 def reconciler(mgr, clock):
     # each event 1000 s apart: the rate limit stays out of the way
-    event_clock = itertools.count(0, 1000)
     recorder = EventRecorder(mgr.client, component="my-controller", instance="test",
-                             clock=lambda: float(next(event_clock)))
+                             clock=FakeClock(0.0, tick=1000.0))
     return MyReconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z", clock=clock)
 
 
@@ -322,7 +133,7 @@ def held(seconds):
 def set_deployment_status(mgr, **status):
     dep = mgr.client.obj(DEPLOYMENTS)
     dep["status"] = {"observedGeneration": dep["metadata"]["generation"], **status}
-    dep["metadata"]["resourceVersion"] = mgr.client._next_rv()
+    dep["metadata"]["resourceVersion"] = mgr.client.next_resource_version()
 
 
 def reasons(mgr):
@@ -1179,7 +990,7 @@ def test_a_child_deleted_between_the_refused_create_and_the_read_is_retried(mgr,
 
 
 def test_apply_failure_reports_and_raises(mgr, reconciler):
-    mgr.client.fail_apply = InvalidError(422, "spec.template: bad", reason="Invalid")
+    mgr.client.fail_on["apply"] = InvalidError(422, "spec.template: bad", reason="Invalid")
     with pytest.raises(InvalidError):
         reconciler(KEY)
     assert reasons(mgr) == [("Warning", "ReconcileError")]
@@ -1192,7 +1003,7 @@ def test_apply_failure_reports_and_raises(mgr, reconciler):
         reconciler(KEY)
     assert [c for c in mgr.client.calls if c[0] == "patch_status"] == []
     # recovery
-    mgr.client.fail_apply = None
+    del mgr.client.fail_on["apply"]
     mgr.sync()
     reconciler(KEY)
     observe_rollout(mgr)
@@ -1202,7 +1013,7 @@ def test_apply_failure_reports_and_raises(mgr, reconciler):
 
 def test_a_terminating_namespace_is_not_retried(mgr, reconciler):
     from k8s_http import ForbiddenError
-    mgr.client.fail_apply = ForbiddenError(
+    mgr.client.fail_on["apply"] = ForbiddenError(
         403, 'deployments.apps "foobar" is forbidden: unable to create new content in namespace '
         "default because it is being terminated", reason="Forbidden",
         details={"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]})
@@ -1308,7 +1119,7 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
     class Mgr:
         def __init__(self, config, name, **kwargs):
             seen.update(config=config, name=name, kwargs=kwargs)
-            self.client = FakeApiServer()
+            self.client = InMemoryApiClient()
 
         def event_recorder(self, component):
             seen.update(recorder_component=component)
@@ -1563,7 +1374,7 @@ def test_a_foreign_env_var_is_removed_by_one_patch_and_then_nothing(mgr, reconci
     observe_rollout(mgr)
     reconciler(KEY)
     _app(mgr)["env"] = [{"name": "FOREIGN", "value": "x"}]
-    mgr.client.obj(DEPLOYMENTS)["metadata"]["resourceVersion"] = mgr.client._next_rv()
+    mgr.client.obj(DEPLOYMENTS)["metadata"]["resourceVersion"] = mgr.client.next_resource_version()
     mgr.sync()
     mgr.client.reset()
     reconciler(KEY)
@@ -1588,7 +1399,7 @@ def test_a_webhook_that_puts_the_entry_back_is_left_alone_after_one_try(mgr, rec
                 app.setdefault("env", []).append({"name": "INJECTED", "value": "1"})
     mgr.client.on_write.append(inject)
     _app(mgr)["env"] = [{"name": "INJECTED", "value": "1"}]
-    mgr.client.obj(DEPLOYMENTS)["metadata"]["resourceVersion"] = mgr.client._next_rv()
+    mgr.client.obj(DEPLOYMENTS)["metadata"]["resourceVersion"] = mgr.client.next_resource_version()
     mgr.sync()
     mgr.client.reset()
     reconciler(KEY)

@@ -1,19 +1,13 @@
 """EventRecorder: core/v1 Events, rate-limited and de-duplicated per object."""
 
-from k8s_http import EventRecorder
+from k8s_http import EVENTS, EventRecorder
 from tests.support.clock import FakeClock
+from tests.support.fake_client import InMemoryApiClient
 
 
-class RecordingClient:
-    """The one ApiClient call the recorder makes."""
-
-    def __init__(self):
-        self.events = []
-
-    def create(self, resource, obj, *, namespace=None, **_):
-        assert resource.plural == "events" and obj["metadata"]["namespace"] == namespace
-        self.events.append(obj)
-        return obj
+def events_client():
+    """The one ApiClient call the recorder makes: create an Event (anything else fails)."""
+    return InMemoryApiClient(creatable={EVENTS})
 
 
 def make_my(name="foobar"):
@@ -23,7 +17,7 @@ def make_my(name="foobar"):
 
 
 def test_events_are_rate_limited_per_object():
-    client, clock = RecordingClient(), FakeClock(0.0)
+    client, clock = events_client(), FakeClock(0.0)
     rec = EventRecorder(client, component="my-controller", instance="t", clock=clock)
     my = make_my()
     sent = [rec.event(my, "Warning", "ReconcileError", f"attempt {i}") for i in range(8)]
@@ -37,7 +31,7 @@ def test_events_are_rate_limited_per_object():
 
 
 def test_identical_events_are_deduplicated_for_five_minutes():
-    client, clock = RecordingClient(), FakeClock(0.0)
+    client, clock = events_client(), FakeClock(0.0)
     rec = EventRecorder(client, component="my-controller", instance="t", clock=clock)
     my = make_my()
     assert rec.event(my, "Warning", "Conflict", "same")
@@ -49,15 +43,14 @@ def test_identical_events_are_deduplicated_for_five_minutes():
 
 
 def test_event_failures_never_raise():
-    class Broken(RecordingClient):
-        def create(self, *a, **k):
-            raise RuntimeError("apiserver down")
-    rec = EventRecorder(Broken(), component="my-controller", instance="t")
+    broken = events_client()
+    broken.fail = RuntimeError("apiserver down")
+    rec = EventRecorder(broken, component="my-controller", instance="t")
     assert rec.event(make_my(), "Normal", "Created", "x") is False
 
 
 def test_event_shape_and_long_messages():
-    client = RecordingClient()
+    client = events_client()
     rec = EventRecorder(client, component="my-controller", instance="pod-1", wall_time=lambda: "2026-01-01T00:00:00Z",
                         time_ns=lambda: 255)
     rec.event(make_my(), "Warning", "ReconcileError", "x" * 5000)
@@ -69,7 +62,7 @@ def test_event_shape_and_long_messages():
 
 
 def test_involved_object_names_the_object():
-    client = RecordingClient()
+    client = events_client()
     EventRecorder(client, component="c").event(make_my(), "Normal", "Created", "m")
     (event,) = client.events
     assert event["involvedObject"] == {"apiVersion": "mine.jp/v1", "kind": "My", "name": "foobar",

@@ -26,7 +26,9 @@ from k8s_http.informer import Informer, own_key
 from k8s_http.metrics import Metrics
 from k8s_http.objects import DEPLOYMENTS
 from k8s_http.watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY
+from k8s_http.watchproto import WatchEvent
 from tests.support.clock import FakeClock
+from tests.support.fake_client import InMemoryApiClient, ScriptedWatchStream
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,56 +36,29 @@ pytestmark = pytest.mark.timeout(60)
 RESOURCE = str(DEPLOYMENTS)
 
 
-class _Ev:
-    def __init__(self, type_, obj):
-        self.type, self.object = type_, obj
+def blocking_client():
+    """Lists succeed at once (nothing stored); each watch() blocks until the test gives it
+    an outcome on `client.outcomes`. `client.waiting` counts the watch() calls that asked."""
+    client = InMemoryApiClient()
+    client.outcomes = queue.Queue()
+    client.waiting = 0
+    lock = threading.Lock()
 
-
-class _Stream:
-    """One watch: yields `events`, then ends with `end` (an exception, or None for a clean close).
-
-    `silent_for` seconds pass on the fake clock before the end, as they would
-    while the stream waits for bytes that never come.
-    """
-
-    def __init__(self, clock, events=(), end=None, silent_for=0.0):
-        self.clock, self.events, self.end, self.silent_for = clock, events, end, silent_for
-        self.skipped = 0
-
-    def __iter__(self):
-        yield from self.events
-        self.clock.advance(self.silent_for)
-        if self.end is not None:
-            raise self.end
-
-    def close(self):
-        pass
-
-
-class _ScriptedClient:
-    """Lists succeed at once; each watch() blocks until the test gives it an outcome."""
-
-    def __init__(self):
-        self.outcomes: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self.waiting = 0                 # watch() calls that have asked for an outcome
-
-    def list(self, resource, **kwargs):
-        return {"metadata": {"resourceVersion": "1"}, "items": []}
-
-    def watch(self, resource, **kwargs):
-        with self._lock:
-            self.waiting += 1
-        outcome = self.outcomes.get()
+    def next_outcome(resource, **kwargs):
+        with lock:
+            client.waiting += 1
+        outcome = client.outcomes.get()
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
+    client.watches = next_outcome
+    return client
 
 
 @pytest.fixture
 def fleet():
     clock = FakeClock()
-    client = _ScriptedClient()
+    client = blocking_client()
     metrics = Metrics(CollectorRegistry())
     informer = Informer(client, DEPLOYMENTS, namespaces=None, metrics=metrics, clock=clock,
                         backoff_factory=lambda: Backoff(initial_seconds=0.001, max_seconds=0.002,
@@ -115,12 +90,12 @@ def fleet():
 
 def stalled(clock):
     """200 and headers, then nothing: the stream gives up after the stall timeout."""
-    return _Stream(clock, end=ApiTimeoutError("no complete event for 90s"),
-                   silent_for=STALL_TIMEOUT_SECONDS)
+    return ScriptedWatchStream([ApiTimeoutError("no complete event for 90s")], clock=clock,
+                               silent_for=STALL_TIMEOUT_SECONDS)
 
 
 def dropped_after(clock, *events):
-    return _Stream(clock, events=events, end=ApiConnectionError("reset"))
+    return ScriptedWatchStream([*events, ApiConnectionError("reset")])
 
 
 def test_three_stalls_in_a_row_fail_liveness_and_progress_clears_them(fleet):
@@ -136,7 +111,7 @@ def test_three_stalls_in_a_row_fail_liveness_and_progress_clears_them(fleet):
     assert not health()[0] and gauge() == 4
     # One event is progress: green again, the count starts over.
     obj = {"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "7"}}
-    give(dropped_after(clock, _Ev("ADDED", obj)))
+    give(dropped_after(clock, WatchEvent("ADDED", obj)))
     assert health() == (True, "ok") and gauge() == 0
 
 
@@ -144,7 +119,7 @@ def test_a_bookmark_is_progress(fleet):
     clock, give, health, gauge = fleet
     give(stalled(clock), stalled(clock), stalled(clock))
     assert not health()[0]
-    give(dropped_after(clock, _Ev("BOOKMARK", {"metadata": {"resourceVersion": "9"}})))
+    give(dropped_after(clock, WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "9"}})))
     assert health()[0] and gauge() == 0
 
 
@@ -152,7 +127,7 @@ def test_refusals_and_errors_between_stalls_do_not_hide_them(fleet):
     clock, give, health, gauge = fleet
     refused = ApiConnectionError("cannot connect to apiserver: Connection refused")
     give(stalled(clock), stalled(clock), refused, ServerError(503, "unavailable"),
-         _Stream(clock), refused)                 # _Stream(clock): closed at once, no events
+         ScriptedWatchStream(), refused)          # closed at once, no events
     assert health()[0] and gauge() == 2
     give(stalled(clock))
     assert not health()[0] and gauge() == 3

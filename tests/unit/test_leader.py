@@ -16,8 +16,9 @@ from k8s_http.leader import (LeaderElector, LeaderRecord, Observation, acquire_r
                              can_acquire, is_expired, is_leading, jittered, micro_time, observe,
                              release_record)
 from k8s_http.metrics import Metrics
-from k8s_http.objects import LEASES
-from tests.support.clock import FakeClock
+from k8s_http.objects import LEASES, ObjectKey
+from tests.support.clock import FakeClock, FakeStopEvent
+from tests.support.fake_client import InMemoryApiClient
 
 T0 = "2024-05-01T12:00:00.000000Z"
 T1 = "2024-05-01T12:00:02.000000Z"
@@ -135,96 +136,50 @@ def test_micro_time():
 
 def test_timing_must_leave_a_gap():
     with pytest.raises(ValueError, match="renew deadline < lease duration"):
-        LeaderElector(FakeClient(), namespace="ns", name="l", identity="a",
+        LeaderElector(lease_client(), namespace="ns", name="l", identity="a",
                       lease_duration_seconds=10, renew_deadline_seconds=10)
     with pytest.raises(ValueError):
-        LeaderElector(FakeClient(), namespace="ns", name="l", identity="a",
+        LeaderElector(lease_client(), namespace="ns", name="l", identity="a",
                       retry_period_seconds=9)
     with pytest.raises(ValueError, match="identity"):
-        LeaderElector(FakeClient(), namespace="ns", name="l", identity="")
+        LeaderElector(lease_client(), namespace="ns", name="l", identity="")
 
 
 # ---------------------------------------------------------------------------
 # The loop, on fakes
 
 
-class FakeStop:
-    """threading.Event look-alike whose wait(t) advances the fake clock by t."""
-
-    def __init__(self, clock, stop_at=None):
-        self.clock = clock
-        self.stop_at = stop_at
-        self.waits = []
-        self._set = False
-
-    def is_set(self):
-        return self._set or (self.stop_at is not None and self.clock.now >= self.stop_at)
-
-    def set(self):
-        self._set = True
-
-    def wait(self, timeout=None):
-        assert timeout is not None, "a wait without timeout would block forever in a fake"
-        self.waits.append(timeout)
-        self.clock.now += timeout
-        return self.is_set()
+LEASE = ObjectKey("ns", "lease")
 
 
-class FakeClient:
-    """One Lease, with resourceVersions and 409s, and switchable failures."""
+def lease_client():
+    """The one Lease lives in the shared in-memory client: 404s, 409s, resourceVersions."""
+    return InMemoryApiClient(creatable={LEASES})
 
-    def __init__(self):
-        self.lease = None
-        self.rv = 0
-        self.fail = None          # an exception to raise on every call
-        self.on_call = None       # hook(method) run before each call
-        self.calls = []
 
-    def _call(self, method):
-        self.calls.append(method)
-        if self.on_call:
-            self.on_call(method)
-        if self.fail:
-            raise self.fail
+def lease(client):
+    """The stored Lease itself (None before anyone made it)."""
+    return client.obj(LEASES, LEASE)
 
-    def get(self, resource, name, *, namespace=None):
-        assert resource is LEASES
-        self._call("get")
-        if self.lease is None:
-            raise errors.from_status(404, {"kind": "Status", "reason": "NotFound"})
-        return copy.deepcopy(self.lease)
 
-    def create(self, resource, obj, *, namespace=None):
-        self._call("create")
-        if self.lease is not None:
-            raise errors.from_status(409, {"kind": "Status", "reason": "AlreadyExists"})
-        return self._store(obj)
+def holder(client):
+    return lease(client)["spec"]["holderIdentity"] if lease(client) else None
 
-    def replace(self, resource, obj, *, namespace=None):
-        self._call("replace")
-        if obj["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
-            raise errors.from_status(409, {"kind": "Status", "reason": "Conflict"})
-        return self._store(obj)
 
-    def _store(self, obj):
-        self.rv += 1
-        self.lease = copy.deepcopy(obj)
-        self.lease["metadata"]["resourceVersion"] = str(self.rv)
-        return copy.deepcopy(self.lease)
+def set_holder(client, holder, renew_time=T0):
+    """Another process writes the lease."""
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": 15,
+            "acquireTime": T0, "renewTime": renew_time, "leaseTransitions": 7}
+    if lease(client) is None:
+        client.put(LEASES, {"metadata": {"name": "lease", "namespace": "ns"}, "spec": spec})
+    else:
+        lease(client)["spec"] = spec
+        touch(client)
 
-    def set_holder(self, holder, renew_time=T0):
-        """Another process writes the lease."""
-        spec = {"holderIdentity": holder, "leaseDurationSeconds": 15,
-                "acquireTime": T0, "renewTime": renew_time, "leaseTransitions": 7}
-        if self.lease is None:
-            self._store({"metadata": {"name": "lease", "namespace": "ns"}, "spec": spec})
-        else:
-            self.lease["spec"] = spec
-            self._store(self.lease)
 
-    @property
-    def holder(self):
-        return self.lease["spec"]["holderIdentity"] if self.lease else None
+def touch(client):
+    """Another writer changed the stored lease: its resourceVersion moves."""
+    lease(client)["metadata"]["resourceVersion"] = client.next_resource_version()
 
 
 def elector(client, clock, identity="me", registry=None, **kw):
@@ -234,24 +189,24 @@ def elector(client, clock, identity="me", registry=None, **kw):
 
 
 def test_creates_the_lease_when_missing():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     registry = CollectorRegistry()
     e = elector(client, clock, registry=registry)
     assert registry.get_sample_value("leader_election_master_status", {"name": "lease"}) == 0
     assert e.try_acquire_or_renew()
     assert e.is_leader()
     e.check()
-    spec = client.lease["spec"]
+    spec = lease(client)["spec"]
     assert spec["holderIdentity"] == "me" and spec["leaseTransitions"] == 0
     assert spec["leaseDurationSeconds"] == 15
-    assert client.lease["metadata"] == {"name": "lease", "namespace": "ns",
+    assert lease(client)["metadata"] == {"name": "lease", "namespace": "ns",
                                         "resourceVersion": "1"}
     assert registry.get_sample_value("leader_election_master_status", {"name": "lease"}) == 1
 
 
 def test_waits_a_full_lease_duration_on_its_own_clock_before_taking_over():
-    client, clock = FakeClient(), FakeClock()
-    client.set_holder("other", renew_time="1999-01-01T00:00:00.000000Z")  # ancient renewTime
+    client, clock = lease_client(), FakeClock()
+    set_holder(client, "other", renew_time="1999-01-01T00:00:00.000000Z")  # ancient renewTime
     e = elector(client, clock)
     assert not e.try_acquire_or_renew()          # first sight: observation starts now
     assert e.holder == "other"
@@ -259,52 +214,52 @@ def test_waits_a_full_lease_duration_on_its_own_clock_before_taking_over():
     assert not e.try_acquire_or_renew()
     clock.now += 0.1                              # 15 s unchanged on our clock
     assert e.try_acquire_or_renew()
-    assert client.holder == "me"
-    assert client.lease["spec"]["leaseTransitions"] == 8
+    assert holder(client) == "me"
+    assert lease(client)["spec"]["leaseTransitions"] == 8
 
 
 def test_a_renewing_holder_is_never_taken_over():
-    client, clock = FakeClient(), FakeClock()
-    client.set_holder("other")
+    client, clock = lease_client(), FakeClock()
+    set_holder(client, "other")
     e = elector(client, clock)
     for i in range(20):
         clock.now += 10
-        client.set_holder("other", renew_time=f"2024-05-01T12:00:{i:02d}.000000Z")
+        set_holder(client, "other", renew_time=f"2024-05-01T12:00:{i:02d}.000000Z")
         assert not e.try_acquire_or_renew()
-    assert client.holder == "other"
+    assert holder(client) == "other"
     assert not e.is_leader()
     with pytest.raises(errors.NotLeaderError):
         e.check()
 
 
 def test_conflict_means_someone_else_won():
-    client, clock = FakeClient(), FakeClock()
-    client.set_holder("")
+    client, clock = lease_client(), FakeClock()
+    set_holder(client, "")
     e = elector(client, clock)
 
     def race(method):
         if method == "replace":   # another candidate writes between our get and replace
             client.on_call = None
-            client.set_holder("fast")
+            set_holder(client, "fast")
     client.on_call = race
     assert not e.try_acquire_or_renew()
-    assert client.holder == "fast" and not e.is_leader()
+    assert holder(client) == "fast" and not e.is_leader()
 
 
 def test_renewal_uses_the_cached_lease_without_reading():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     walls = iter([dt.datetime(2024, 5, 1, 12, 0, s, tzinfo=dt.timezone.utc) for s in (0, 2)])
     e = elector(client, clock, wall_clock=lambda: next(walls))
     assert e.try_acquire_or_renew()
     client.calls.clear()
     clock.now += 2
     assert e.try_acquire_or_renew()
-    assert client.calls == ["replace"]
-    assert LeaderRecord.from_lease(client.lease) == LeaderRecord("me", 15, T0, T1, 0)
+    assert client.verbs() == ["replace"]
+    assert LeaderRecord.from_lease(lease(client)) == LeaderRecord("me", 15, T0, T1, 0)
 
 
 def test_a_failed_optimistic_renewal_takes_client_gos_slow_path_and_counts_it():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     registry = CollectorRegistry()
     e = elector(client, clock, registry=registry)
 
@@ -316,20 +271,20 @@ def test_a_failed_optimistic_renewal_takes_client_gos_slow_path_and_counts_it():
     assert e.try_acquire_or_renew()              # the fast path: no read, not counted
     assert slowpath() == 0
     # Someone bumps the resourceVersion (an annotation, say): our cached copy is stale.
-    client.lease["metadata"]["labels"] = {"touched": "yes"}
-    client._store(client.lease)
+    lease(client)["metadata"]["labels"] = {"touched": "yes"}
+    touch(client)
     clock.now += 2
     assert not e.try_acquire_or_renew()          # 409 on the cached copy
     assert e.is_leader()                         # still within the renew deadline
     clock.now += 2
     client.calls.clear()
     assert e.try_acquire_or_renew()              # read, still ours, write: the slow path
-    assert client.calls == ["get", "replace"]
+    assert client.verbs() == ["get", "replace"]
     assert slowpath() == 1
 
 
 def test_handing_the_lease_back_is_info_but_losing_it_is_a_warning(caplog):
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     e = elector(client, clock)
     assert e.try_acquire_or_renew()
     with caplog.at_level(logging.DEBUG, logger="k8s_http.leader"):
@@ -338,7 +293,7 @@ def test_handing_the_lease_back_is_info_but_losing_it_is_a_warning(caplog):
     caplog.clear()
     other = elector(client, clock, identity="other")
     assert other.try_acquire_or_renew()
-    client.set_holder("third")
+    set_holder(client, "third")
     clock.now += 2
     with caplog.at_level(logging.DEBUG, logger="k8s_http.leader"):
         assert not other.try_acquire_or_renew()
@@ -348,7 +303,7 @@ def test_handing_the_lease_back_is_info_but_losing_it_is_a_warning(caplog):
 
 
 def test_is_leader_turns_false_at_the_renew_deadline_without_any_call():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     e = elector(client, clock)
     assert e.try_acquire_or_renew()
     clock.now += 9.99
@@ -360,7 +315,7 @@ def test_is_leader_turns_false_at_the_renew_deadline_without_any_call():
 
 
 def test_deadline_counts_from_when_the_renewal_was_sent():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
 
     def slow(method):
         clock.now += 3.0              # every request takes 3 s
@@ -375,7 +330,7 @@ def test_deadline_counts_from_when_the_renewal_was_sent():
 
 
 def test_api_errors_are_a_failed_attempt_not_an_exception():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     client.fail = errors.ApiConnectionError("connection refused")
     e = elector(client, clock)
     assert not e.try_acquire_or_renew()
@@ -384,10 +339,10 @@ def test_api_errors_are_a_failed_attempt_not_an_exception():
 
 
 def test_run_leads_renews_and_loses_on_deadline_then_campaigns_again():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     e = elector(client, clock)
     events = []
-    stop = FakeStop(clock)
+    stop = FakeStopEvent(clock)
 
     def started():
         events.append(("started", clock.now))
@@ -411,14 +366,14 @@ def test_run_leads_renews_and_loses_on_deadline_then_campaigns_again():
     assert events[2][0] == "started"
     # Renewals every retry period while leading.
     assert stop.waits[:2] == [2.0, 2.0]
-    assert client.holder == "me" and client.lease["spec"]["leaseTransitions"] == 0
+    assert holder(client) == "me" and lease(client)["spec"]["leaseTransitions"] == 0
 
 
 def test_stop_returns_without_ending_the_term():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     e = elector(client, clock)
     events = []
-    e.run(FakeStop(clock, stop_at=1030.0), lambda: events.append("started"),
+    e.run(FakeStopEvent(clock, stop_at=1030.0), lambda: events.append("started"),
           lambda: events.append("stopped"))
     assert events == ["started"]      # stop does not end the term ...
     assert e.is_leader()              # ... it lapses at the deadline or on release()
@@ -427,42 +382,42 @@ def test_stop_returns_without_ending_the_term():
 
 
 def test_run_steps_down_as_soon_as_another_holder_is_seen():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     e = elector(client, clock)
     events = []
 
     def intrude(method):
         # At 1005 someone overwrites the lease (e.g. a twin with our lease name).
-        if clock.now >= 1005.0 and client.holder == "me":
-            client.set_holder("intruder")
+        if clock.now >= 1005.0 and holder(client) == "me":
+            set_holder(client, "intruder")
     client.on_call = intrude
-    e.run(FakeStop(clock, stop_at=1012.0), lambda: events.append(("started", clock.now)),
+    e.run(FakeStopEvent(clock, stop_at=1012.0), lambda: events.append(("started", clock.now)),
           lambda: events.append(("stopped", clock.now)))
     # The 1006 renewal conflicts (stale resourceVersion); the 1008 one re-reads,
     # sees the intruder and steps down at once instead of waiting for 1014.
     assert events == [("started", 1000.0), ("stopped", 1008.0)]
-    assert client.holder == "intruder"
+    assert holder(client) == "intruder"
     assert not e.is_leader()
 
 
 def test_acquire_retries_are_jittered():
-    client, clock = FakeClient(), FakeClock()
-    client.set_holder("other")
+    client, clock = lease_client(), FakeClock()
+    set_holder(client, "other")
     e = LeaderElector(client, namespace="ns", name="lease", identity="me", clock=clock,
                       rng=lambda: 0.5)
-    stop = FakeStop(clock, stop_at=clock.now + 10)
+    stop = FakeStopEvent(clock, stop_at=clock.now + 10)
     e.run(stop, lambda: None, lambda: None)
     assert set(stop.waits) == {2.0 * 1.6}
 
 
 def test_release_hands_the_lease_over():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     registry = CollectorRegistry()
     e = elector(client, clock, registry=registry)
     assert e.try_acquire_or_renew()
     assert e.release()
     assert not e.is_leader()
-    spec = client.lease["spec"]
+    spec = lease(client)["spec"]
     assert spec["holderIdentity"] == ""
     assert spec["leaseDurationSeconds"] == 1
     assert spec["leaseTransitions"] == 0
@@ -475,31 +430,31 @@ def test_release_hands_the_lease_over():
     # A standby takes it at once (empty holder), counting a transition.
     standby = elector(client, clock, identity="standby")
     assert standby.try_acquire_or_renew()
-    assert client.lease["spec"]["leaseTransitions"] == 1
+    assert lease(client)["spec"]["leaseTransitions"] == 1
 
 
 def test_release_does_nothing_when_not_holding():
-    client, clock = FakeClient(), FakeClock()
-    client.set_holder("other")
+    client, clock = lease_client(), FakeClock()
+    set_holder(client, "other")
     e = elector(client, clock)
     assert not e.try_acquire_or_renew()
-    before = copy.deepcopy(client.lease)
+    before = copy.deepcopy(lease(client))
     assert not e.release()
-    assert client.lease == before
+    assert lease(client) == before
 
 
 def test_release_does_not_clobber_a_newer_holder():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     e = elector(client, clock)
     assert e.try_acquire_or_renew()
     clock.now += 30                   # we stalled; someone took over meanwhile
-    client.set_holder("newer")
+    set_holder(client, "newer")
     assert not e.release()            # 409 on our stale resourceVersion
-    assert client.holder == "newer"
+    assert holder(client) == "newer"
 
 
 def test_release_during_an_in_flight_renewal_does_not_lead_again():
-    client, clock = FakeClient(), FakeClock()
+    client, clock = lease_client(), FakeClock()
     e = elector(client, clock)
     assert e.try_acquire_or_renew()
     releaser = threading.Thread(target=e.release)
@@ -521,4 +476,4 @@ def test_release_during_an_in_flight_renewal_does_not_lead_again():
     e.try_acquire_or_renew()        # the renewal itself succeeds on the server ...
     releaser.join(5)
     assert not e.is_leader()        # ... but starts no new term,
-    assert client.holder == ""      # and the lease is handed back after it.
+    assert holder(client) == ""      # and the lease is handed back after it.

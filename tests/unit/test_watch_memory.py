@@ -21,6 +21,8 @@ from k8s_http.metrics import Metrics
 from k8s_http.objects import DEPLOYMENTS
 from k8s_http.watcher import Watcher
 from k8s_http.watchproto import ChunkedDecoder, ChunkedFramingError, LineDecoder, WatchDecodeError
+from tests.support.clock import FakeStopEvent
+from tests.support.fake_client import InMemoryApiClient
 
 MIB = 1024 * 1024
 LINES = 50
@@ -125,41 +127,25 @@ class _OversizeStream:
         pass
 
 
-class _Stop:
-    def __init__(self):
-        self.flag = False
+def sampling_client(stop, traced):
+    """A list (nothing stored), then LINES watches that each send one endless line; memory
+    is sampled into `client.samples` at each watch."""
+    client = InMemoryApiClient()
+    client.samples = []
 
-    def is_set(self):
-        return self.flag
-
-    def set(self):
-        self.flag = True
-
-    def wait(self, timeout=None):
-        return self.flag
-
-
-class _Client:
-    """A list, then LINES watches that each send one endless line; memory sampled at each."""
-
-    def __init__(self, stop, traced):
-        self.stop, self.traced = stop, traced
-        self.samples = []
-
-    def list(self, resource, **kwargs):
-        return {"metadata": {"resourceVersion": "1"}, "items": []}
-
-    def watch(self, resource, **kwargs):
-        self.samples.append(self.traced())      # the previous watch's line is gone by now
-        if len(self.samples) > LINES:
-            self.stop.set()
+    def watch(resource, **kwargs):
+        client.samples.append(traced())      # the previous watch's line is gone by now
+        if len(client.samples) > LINES:
+            stop.set()
             raise ApiConnectionError("done")
         return WatchStream(_OversizeStream())
+    client.watches = watch
+    return client
 
 
 def test_the_watcher_reconnecting_after_fifty_oversized_lines_stays_flat(traced):
-    stop = _Stop()
-    client = _Client(stop, traced)
+    stop = FakeStopEvent()
+    client = sampling_client(stop, traced)
     metrics = Metrics(CollectorRegistry())
     watcher = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=lambda t, o: None,
                       metrics=metrics, rng=lambda: 0.5)

@@ -10,11 +10,9 @@ from k8s_http.errors import ApiConnectionError, ForbiddenError, GoneError, Proto
 from k8s_http.metrics import Metrics
 from k8s_http.objects import DEPLOYMENTS
 from k8s_http.watcher import Listing, Watcher, Watching
-
-
-class Ev:
-    def __init__(self, type_, obj):
-        self.type, self.object = type_, obj
+from k8s_http.watchproto import WatchEvent
+from tests.support.clock import FakeStopEvent
+from tests.support.fake_client import InMemoryApiClient, ScriptedWatchStream
 
 
 def obj(name, rv):
@@ -25,70 +23,17 @@ def listing(rv, *names):
     return {"metadata": {"resourceVersion": rv}, "items": [obj(n, rv) for n in names]}
 
 
-class FakeStop:
-    def __init__(self):
-        self.flag = False
-        self.waits = []
-
-    def is_set(self):
-        return self.flag
-
-    def set(self):
-        self.flag = True
-
-    def wait(self, timeout=None):
-        self.waits.append(timeout)
-        return self.flag
-
-
-class FakeStream:
-    def __init__(self, items):
-        self.items = items
-        self.closed = False
-        self.skipped = 0
-
-    def __iter__(self):
-        for item in self.items:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self):
-        self.closed = True
-
-
-class FakeClient:
-    """`script` is a list of ("list", result-or-exception) / ("watch", [events]-or-exception)."""
-
-    def __init__(self, stop, script):
-        self.stop = stop
-        self.script = list(script)
-        self.calls = []
-        self.streams = []
-
-    def _next(self, verb, kwargs):
-        self.calls.append((verb, kwargs))
-        if not self.script:
-            self.stop.set()
-            raise ApiConnectionError("script exhausted")
-        want, result = self.script.pop(0)
-        assert want == verb, (want, verb, kwargs)
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    def list(self, resource, **kwargs):
-        return self._next("list", kwargs)
-
-    def watch(self, resource, **kwargs):
-        stream = FakeStream(self._next("watch", kwargs))
-        self.streams.append(stream)
-        return stream
+def scripted_client(stop, script):
+    """`script` is a list of ("list", result-or-exception) / ("watch", [events]-or-exception);
+    the loop is stopped when it runs out."""
+    client = InMemoryApiClient()
+    client.play(script, then=stop.set)
+    return client
 
 
 def run(script, *, on_event=None, on_sync=None):
-    stop = FakeStop()
-    client = FakeClient(stop, script)
+    stop = FakeStopEvent()
+    client = scripted_client(stop, script)
     events, syncs = [], []
     metrics = Metrics(CollectorRegistry())
 
@@ -105,7 +50,7 @@ def run(script, *, on_event=None, on_sync=None):
 
 
 def calls(client):
-    return [(verb, kw.get("resource_version")) for verb, kw in client.calls]
+    return [(call[0], call.kwargs.get("resource_version")) for call in client.calls]
 
 
 def sample(metrics, name, **labels):
@@ -115,18 +60,18 @@ def sample(metrics, name, **labels):
 def test_list_then_watch_from_its_rv_with_bookmarks_and_a_random_timeout():
     w, client, events, syncs, _, metrics = run([
         ("list", listing("10", "a", "b")),
-        ("watch", [Ev("ADDED", obj("c", "11")),
-                   Ev("BOOKMARK", {"metadata": {"resourceVersion": "15"}}),
-                   Ev("MODIFIED", obj("a", "16"))]),
+        ("watch", [WatchEvent("ADDED", obj("c", "11")),
+                   WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "15"}}),
+                   WatchEvent("MODIFIED", obj("a", "16"))]),
     ])
     assert syncs == [["a", "b"]] and w.has_synced
     assert events == [("ADDED", "c"), ("MODIFIED", "a")]
-    verb, kw = client.calls[1]
+    verb, kw = client.calls[1][0], client.calls[1].kwargs
     assert verb == "watch" and kw["resource_version"] == "10"
     assert kw["allow_bookmarks"] is True and kw["timeout_seconds"] == 450
     assert kw["stall_timeout_seconds"] == 90.0
     # The first list is a consistent read: no resourceVersion.
-    assert client.calls[0][1]["resource_version"] is None
+    assert client.calls[0].kwargs["resource_version"] is None
     # After the stream ended cleanly it re-watched from the bookmark's successor.
     assert calls(client)[2] == ("watch", "16")
     assert sample(metrics, "k8s_http_watch_events_total", resource="deployments.apps",
@@ -139,12 +84,12 @@ def test_list_then_watch_from_its_rv_with_bookmarks_and_a_random_timeout():
 def test_drop_rewatches_from_last_rv_without_relisting():
     w, client, events, syncs, stop, _ = run([
         ("list", listing("10", "a")),
-        ("watch", [Ev("ADDED", obj("b", "11")), ApiConnectionError("reset")]),
+        ("watch", [WatchEvent("ADDED", obj("b", "11")), ApiConnectionError("reset")]),
         ("watch", [ApiConnectionError("refused")]),
-        ("watch", [Ev("MODIFIED", obj("b", "12"))]),
+        ("watch", [WatchEvent("MODIFIED", obj("b", "12"))]),
     ])
     assert calls(client)[:4] == [("list", None), ("watch", "10"), ("watch", "11"), ("watch", "11")]
-    assert [v for v, _ in client.calls].count("list") == 1
+    assert client.verbs().count("list") == 1
     # First drop after progress: at once; the second failure in a row backs off.
     assert len(stop.waits) == 1
     assert events == [("ADDED", "b"), ("MODIFIED", "b")]
@@ -169,7 +114,7 @@ def test_gone_relists_and_delivers_vanished_as_deleted():
     ], on_sync=on_sync, on_event=lambda t, o: events.append((t, o["metadata"]["name"])))
     assert calls(client)[:4] == [("list", None), ("watch", "10"), ("list", "10"), ("list", None)]
     # Consistent lists are paged; a relist from an RV is one unpaged "not older than" read.
-    assert [kw["limit"] for verb, kw in client.calls if verb == "list"] == [500, None, 500]
+    assert [c.kwargs["limit"] for c in client.calls if c[0] == "list"] == [500, None, 500]
     assert events == [("DELETED", "a")]
     assert calls(client)[4] == ("watch", "30")
 
@@ -183,10 +128,10 @@ def test_rv_advances_only_after_delivery_and_handler_errors_do_not_kill_the_loop
             raise RuntimeError("handler bug")
 
     w_ref = []
-    stop = FakeStop()
-    client = FakeClient(stop, [
+    stop = FakeStopEvent()
+    client = scripted_client(stop, [
         ("list", listing("10")),
-        ("watch", [Ev("ADDED", obj("boom", "11")), Ev("ADDED", obj("ok", "12")),
+        ("watch", [WatchEvent("ADDED", obj("boom", "11")), WatchEvent("ADDED", obj("ok", "12")),
                    ProtocolError("bad line")]),
     ])
     w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=on_event)
@@ -205,7 +150,7 @@ def test_forbidden_backs_off_and_keeps_trying():
         ("list", ForbiddenError(403, "forbidden")),
         ("list", listing("5", "a")),
         ("watch", ForbiddenError(403, "forbidden")),
-        ("watch", [Ev("ADDED", obj("b", "6"))]),
+        ("watch", [WatchEvent("ADDED", obj("b", "6"))]),
     ])
     assert calls(client)[:5] == [("list", None), ("list", None), ("list", None),
                                  ("watch", "5"), ("watch", "5")]
@@ -224,24 +169,23 @@ def test_malformed_list_is_retried_not_watched():
 
 
 def test_stop_closes_the_open_stream():
-    stop = FakeStop()
-    client = FakeClient(stop, [])
+    stop = FakeStopEvent()
+    client = scripted_client(stop, [])
     w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=lambda t, o: None)
-    stream = FakeStream([])
+    stream = ScriptedWatchStream([])
     w._stream = stream             # as if a watch were open
     w.stop()
     assert stream.closed
 
 
 def test_a_rerun_resumes_from_its_state():
-    stop = FakeStop()
-    client = FakeClient(stop, [("list", listing("7")), ("watch", [Ev("ADDED", obj("a", "8"))])])
+    stop = FakeStopEvent()
+    client = scripted_client(stop, [("list", listing("7")), ("watch", [WatchEvent("ADDED", obj("a", "8"))])])
     w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=lambda t, o: None)
     w.run(stop)
     assert w.state == Watching("8", 0, False) or w.state.resource_version == "8"
-    stop2 = FakeStop()
-    client.stop = stop2
-    client.script = [("watch", [])]
+    stop2 = FakeStopEvent()
+    client.play([("watch", [])], then=stop2.set)
     client.calls.clear()
     w.run(stop2)
     assert calls(client)[0] == ("watch", "8")   # no relist after a restart
