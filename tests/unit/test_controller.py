@@ -546,7 +546,7 @@ def test_a_version_the_watch_brought_during_the_reconcile_is_not_taken_as_settle
         my = mgr.client.obj(MY)
         my["spec"]["replicas"] = 3
         my["metadata"]["generation"] = 2
-        my["metadata"]["resourceVersion"] = mgr.client._next_rv()
+        my["metadata"]["resourceVersion"] = mgr.client.next_resource_version()
         mgr.stores[MY].upsert(copy.deepcopy(my))
         changed["rv"] = my["metadata"]["resourceVersion"]
         return written

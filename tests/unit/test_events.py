@@ -1,5 +1,7 @@
 """EventRecorder: core/v1 Events, rate-limited and de-duplicated per object."""
 
+import threading
+
 from k8s_http import EVENTS, EventRecorder
 from tests.support.clock import FakeClock
 from tests.support.fake_client import InMemoryApiClient
@@ -71,12 +73,11 @@ def test_involved_object_names_the_object():
     assert event["source"] == {"component": "c"} and event["reportingComponent"] == "c"
 
 
-class BlockingClient(RecordingClient):
+class BlockingClient(InMemoryApiClient):
     """Holds every create until `release` is set, so a test sees what waits."""
 
     def __init__(self):
-        super().__init__()
-        import threading
+        super().__init__(creatable={EVENTS})
         self.release = threading.Event()
         self.entered = threading.Event()
 
@@ -120,7 +121,7 @@ def test_asynchronous_outbox_is_bounded_and_never_blocks():
 
 
 def test_close_sends_what_is_queued_then_drops_later_events():
-    client = RecordingClient()
+    client = events_client()
     rec = EventRecorder(client, component="c", instance="t", asynchronous=True)
     for i in range(5):
         rec.event(make_my(f"o{i}"), "Normal", "Created", "m")
