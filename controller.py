@@ -869,13 +869,14 @@ class MyReconciler:
         # staler, never wrong by more than one sample's weight.
         self._answer_seconds = 0.0
         # key -> hash of the resourceVersions (My, Deployment, Service) a reconcile
-        # left settled: everything written, nothing held. The same versions in
-        # the caches again give the same answer (the reconcile reads nothing
-        # else once both children exist), so an event that only echoes our own
-        # write -- the store answers with the write until the watch brings it, at
-        # the same version -- or a resync costs three cache reads, not a
-        # reconcile. A hash, not the strings: one int per My at scale; a false
-        # match needs a 64-bit collision for the same key.
+        # finished with: everything written, or a status held until _held_until.
+        # The same versions in the caches again give the same answer (the
+        # reconcile reads nothing else once both children exist, and a hold only
+        # depends on the time), so an event that only echoes our own write -- the
+        # store answers with the write until the watch brings it, at the same
+        # version -- or a resync costs three cache reads, not a reconcile. A hash,
+        # not the strings: one int per My at scale; a false match needs a 64-bit
+        # collision for the same key.
         self._settled: dict[ObjectKey, int] = {}
 
     @property
@@ -900,7 +901,12 @@ class MyReconciler:
         # Children our cache shows (or our last write of them).
         lives = {resource: self._cached_child(resource, key) for resource, _ in self.CHILDREN}
         if self._settled.get(key) == _versions(my, lives[DEPLOYMENTS], lives[SERVICES]):
-            return None
+            until = self._held_until.get(key)
+            if until is None:
+                return None
+            if until > self._clock():
+                return Result(requeue_after_seconds=until - self._clock(), priority=1)
+            # The hold is over and nothing came: write the status as it stands.
         self._settled.pop(key, None)
         if _meta(my).get("deletionTimestamp"):
             # Being deleted (maybe in the foreground, children first): do not recreate them.
@@ -957,13 +963,13 @@ class MyReconciler:
         deployment = self._reported_deployment(key, my, lives[DEPLOYMENTS])
         wait, reported = self._write_status(key, my, deployment,
                                             pending=_is_rollout_pending(deployment))
+        # The versions this reconcile worked from or wrote, not a fresh cache read:
+        # a version the watch brought meanwhile has not been reconciled yet.
+        self._settled[key] = _versions(reported, deployment, lives[SERVICES])
         if wait:
             # Priority: the Deployment's update (or the end of the window) brings
             # the key back ahead of the queue, so holding costs no extra queue pass.
             return Result(requeue_after_seconds=wait, priority=1)
-        # The versions this reconcile worked from or wrote, not a fresh cache read:
-        # a version the watch brought meanwhile has not been reconciled yet.
-        self._settled[key] = _versions(reported, deployment, lives[SERVICES])
         return None
 
     def _reported_deployment(self, key: ObjectKey, my: dict, deployment: dict | None

@@ -562,6 +562,21 @@ def test_a_version_the_watch_brought_during_the_reconcile_is_not_taken_as_settle
     assert mgr.client.obj(DEPLOYMENTS)["spec"]["replicas"] == 3
 
 
+def test_echoes_during_a_hold_cost_no_reconcile_and_keep_the_window(mgr, reconciler, clock,
+                                                                     monkeypatch):
+    hold = controller.STATUS_COALESCE_SECONDS
+    assert reconciler(KEY) == held(hold)
+    renders = _counting_renders(monkeypatch, reconciler)
+    mgr.sync()                                       # the echoes of the two creates
+    mgr.client.reset()
+    clock.advance(hold * 0.5)
+    assert reconciler(KEY) == held(pytest.approx(hold * 0.5))
+    assert renders == [] and mgr.client.calls == []
+    observe_rollout(mgr)                             # the answer: a new version, reported
+    assert reconciler(KEY) is None
+    assert len(renders) == 2 and mgr.client.writes() == [("patch_status", "my", "foobar")]
+
+
 def test_a_held_status_is_never_taken_as_settled(mgr, reconciler, clock):
     assert reconciler(KEY) == held(controller.STATUS_COALESCE_SECONDS)
     mgr.sync()                                       # the echoes of the two creates
