@@ -13,14 +13,13 @@ import os
 import pathlib
 import subprocess
 import sys
-from fractions import Fraction
 
 import pytest
 
 import controller
 from controller import (
     MY, MyReconciler, desired_status, needs_apply,
-    parse_quantity, render_deployment, render_service, status_changed, validate_my,
+    render_deployment, render_service, status_changed, validate_my,
     validate_spec,
 )
 from k8s_http import (
@@ -387,18 +386,6 @@ def test_names_that_cannot_name_a_service_are_invalid(name):
 def test_validate_my_includes_the_spec():
     assert validate_my(make_my()) == []
     assert any("spec.port" in p for p in validate_my(make_my({"image": "a", "port": 0})))
-
-
-@pytest.mark.parametrize("a, b", [("1000m", "1"), ("1", 1), ("0.5", "500m"), ("1Gi", "1024Mi"),
-                                  ("1k", "1000"), ("1e3", "1k"), ("100m", ".1"), ("+1", "1")])
-def test_quantities_compare_by_value(a, b):
-    assert parse_quantity(a) == parse_quantity(b)
-
-
-def test_parse_quantity_values():
-    assert parse_quantity("250m") == Fraction(1, 4)
-    assert parse_quantity("2Ki") == 2048
-    assert parse_quantity("3u") == Fraction(3, 10**6)
 
 
 # ---------------------------------------------------------------------------

@@ -17,8 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 
 LAYERS = {
-    "errors": 0, "objects": 0, "defaults": 0,
-    "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
+    "errors": 0, "objects": 0, "defaults": 0, "quantity": 0,
+    "applydiff": 1, "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
     "credentials": 2, "tls": 2, "urls": 2, "stream": 2, "flags": 2,
     "kubeconfig": 3,
     "config": 4,
@@ -119,14 +119,16 @@ EXPECTED_API = [
     "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",
     "TooManyRequestsError", "ServerError", "RedirectError", "TransportError",
     "ApiConnectionError", "ApiTimeoutError", "ProtocolError", "NotLeaderError",
-    "K8sHttpError",
+    "K8sHttpError", "has_status_cause", "is_namespace_terminating",
     # resources
     "CONFIGMAPS", "SERVICES", "EVENTS", "NAMESPACES", "PODS", "SECRETS", "SERVICEACCOUNTS",
     "DEPLOYMENTS", "REPLICASETS", "LEASES", "CRDS",
     # object helpers
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
-    "strip_managed_fields", "rfc3339_now",
+    "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
+    # quantities, and whether a server-side apply would change an object
+    "parse_quantity", "same_quantity", "needs_apply", "port_key",
     # logging and events
     "setup_logging", "EventRecorder",
     # command line: the standard manager flags
