@@ -51,7 +51,8 @@ def parse_quantity(value: object) -> Fraction:
         raise ValueError(f"{value!r} is not a quantity (examples: 100m, 0.5, 256Mi, 1G)")
     number = Fraction(match.group("number"))
     suffix = match.group("suffix") or ""
-    if suffix[:1] in ("e", "E"):
+    # "E" alone is exa and "Ei" exbi; only an e/E followed by digits is an exponent.
+    if suffix[:1] in ("e", "E") and suffix[1:] not in ("", "i"):
         exponent = int(suffix[1:])
         if abs(exponent) > _MAX_EXPONENT:
             raise ValueError(f"{value!r}: exponent out of range")

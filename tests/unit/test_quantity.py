@@ -9,7 +9,8 @@ from k8s_http import parse_quantity, same_quantity
 
 @pytest.mark.parametrize("a, b", [("1000m", "1"), ("1", 1), ("0.5", "500m"), ("1Gi", "1024Mi"),
                                   ("1k", "1000"), ("1e3", "1k"), ("100m", ".1"), ("+1", "1"),
-                                  ("1E3", "1k"), ("2.", "2")])
+                                  ("1E3", "1k"), ("2.", "2"),
+                                  ("1E", "1000P"), ("1Ei", 2**60), ("2e0", "2")])
 def test_spellings_of_one_quantity_are_equal(a, b):
     assert parse_quantity(a) == parse_quantity(b)
 
