@@ -38,7 +38,7 @@ import re
 import sys
 import time
 from fractions import Fraction
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 from k8s_http import (
     EventRecorder,
@@ -53,6 +53,7 @@ from k8s_http import (
     ObjectKey,
     Resource,
     Result,
+    Store,
     controller_of,
     get_condition,
     is_controlled_by,
@@ -680,7 +681,13 @@ class _Blocked(NamedTuple):
 
 
 class MyReconciler:
-    """reconcile(key) for `My` objects; `mgr` gives the caches and the client.
+    """reconcile(key) for `My` objects.
+
+    Reads `stores`, the caches of My and of our children by resource (MY,
+    DEPLOYMENTS, SERVICES; the children's selected by MANAGED_SELECTOR, see
+    `main`), and writes through `client`. `watch_for_deletion(resource, key,
+    owner) -> bool` and `cancel_deletion_watches(owner)` are the Manager's
+    narrow watches on a name outside the caches (a conflicting child).
 
     Level-based: every call looks at the current state (caches, and the server
     where a cache cannot know) and does what is missing, whatever the event
@@ -689,12 +696,18 @@ class MyReconciler:
 
     CHILDREN = ((DEPLOYMENTS, render_deployment), (SERVICES, render_service))
 
-    def __init__(self, mgr, *, recorder: EventRecorder | None = None,
+    def __init__(self, client, stores: Mapping[Resource, Store], *,
+                 watch_for_deletion: Callable[[Resource, ObjectKey, ObjectKey], bool],
+                 cancel_deletion_watches: Callable[[ObjectKey], None],
+                 recorder: EventRecorder | None = None,
                  now: Callable[[], str] = rfc3339_now,
                  clock: Callable[[], float] = time.monotonic,
                  status_coalesce_seconds: float = STATUS_COALESCE_SECONDS):
-        self.mgr = mgr
-        self.recorder = recorder or EventRecorder(mgr.client, component=NAME)
+        self.client = client
+        self._stores = stores
+        self._watch_for_deletion = watch_for_deletion
+        self._cancel_deletion_watches = cancel_deletion_watches
+        self.recorder = recorder or EventRecorder(client, component=NAME)
         self._now = now
         # (child plural, key) -> the foreign-entries patch a webhook undid (see
         # _remove_foreign_entries); dropped when the My goes.
@@ -713,19 +726,13 @@ class MyReconciler:
         # staler, never wrong by more than one sample's weight.
         self._answer_seconds = 0.0
 
-    @property
-    def client(self):
-        return self.mgr.client
-
     def __call__(self, key: ObjectKey) -> Result | None:
-        # Stores are looked up per call: the Manager creates them in add_controller(),
-        # after this object exists.
         # The store answers with our own last write until its watch brings it.
-        my = self.mgr.store(MY).get(key)
+        my = self._stores[MY].get(key)
         if my is None:
             # Gone: the garbage collector deletes the children (ownerReferences).
             self.recorder.forget(key)
-            self.mgr.cancel_deletion_watches(key)
+            self._cancel_deletion_watches(key)
             for resource, _ in self.CHILDREN:
                 self._futile_patches.pop((resource.plural, key), None)
             self._held_since.pop(key, None)
@@ -799,7 +806,7 @@ class MyReconciler:
         its watch has brought a newer version of the key.)"""
         if deployment is None or not _is_rollout_pending(deployment):
             return deployment
-        cached = self.mgr.store(DEPLOYMENTS).get(key)
+        cached = self._stores[DEPLOYMENTS].get(key)
         if cached is not None and is_controlled_by(cached, my) and \
                 meta_of(cached).get("generation") == meta_of(deployment).get("generation") and \
                 not _is_rollout_pending(cached):
@@ -840,7 +847,7 @@ class MyReconciler:
         else's unlabelled object of that name, or ours with the label removed.
         `_ensure_child` tells them apart with a create-only apply.
         """
-        return self.mgr.store(resource).get(key)
+        return self._stores[resource].get(key)
 
     def _ensure_child(self, key: ObjectKey, my: dict, resource: Resource, desired: dict,
                       live: dict | None, changes: list) -> dict | _Blocked | None:
@@ -940,7 +947,7 @@ class MyReconciler:
 
     def _write(self, resource: Resource, base: dict | None, send: Callable[[], dict]) -> dict:
         """Send a write; the store answers with its result until the watch brings it."""
-        store = self.mgr.store(resource)
+        store = self._stores[resource]
         token = store.begin_write()
         written = None
         try:
@@ -956,7 +963,7 @@ class MyReconciler:
                    f"by this My{held}; delete or rename it")
         self._write_status(key, my, None, condition=(CONFLICT, message))
         # Its deletion is invisible to our label-selected watches: watch its name.
-        if self.mgr.watch_for_deletion(resource, key, key):
+        if self._watch_for_deletion(resource, key, key):
             return None
         return Result(requeue_after_seconds=CONFLICT_RECHECK_SECONDS)
 
@@ -1084,7 +1091,15 @@ def main(argv: list[str] | None = None) -> int:
         mgr = Manager(config, NAME, **manager_options(args))
     except ConfigError as err:
         return _fail(err)
-    mgr.add_controller(MY, MyReconciler(mgr), owns=[DEPLOYMENTS, SERVICES],
+    # The caches the reconciler reads, made before it is registered; the
+    # controller's own watches (MY, and the owned kinds under the same
+    # selector) share them.
+    stores = {MY: mgr.store_for(MY),
+              DEPLOYMENTS: mgr.store_for(DEPLOYMENTS, MANAGED_SELECTOR),
+              SERVICES: mgr.store_for(SERVICES, MANAGED_SELECTOR)}
+    reconciler = MyReconciler(mgr.client, stores, watch_for_deletion=mgr.watch_for_deletion,
+                              cancel_deletion_watches=mgr.cancel_deletion_watches)
+    mgr.add_controller(MY, reconciler, owns=[DEPLOYMENTS, SERVICES],
                        owns_label_selector=MANAGED_SELECTOR, workers=args.workers)
     try:
         return mgr.run()

@@ -30,10 +30,11 @@ from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES,
                       resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
 from .quantity import parse_quantity, same_quantity
 from .runner import Result, TerminalError
+from .store import Store
 from .watchproto import WatchEvent
 
 __all__ = [
-    "Manager", "Result", "TerminalError", "ObjectKey", "Resource",
+    "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store",
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     "ApiError", "BadRequestError", "UnauthorizedError", "ForbiddenError", "NotFoundError",
     "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",

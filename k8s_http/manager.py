@@ -231,8 +231,21 @@ class Manager:
                                                                "ok" if r.threads_alive()
                                                                else "a worker thread died"))
 
+    def store_for(self, resource: Resource, label_selector: str | None = None) -> Store:
+        """The cache of `resource` (objects matching `label_selector`), created now if new.
+
+        For a reconciler to receive its caches before it is registered: a later
+        `add_controller` watching the same resource with the same selector (as
+        primary or in `owns` with `owns_label_selector`) shares this informer.
+        A cache no controller watches is still filled and counts for readiness.
+        """
+        if self._started:
+            raise RuntimeError("store_for() after start()")
+        return self._informer(resource, label_selector).store
+
     def store(self, resource: Resource, label_selector: str | None = None) -> Store:
-        """The cache of `resource`; with one informer per resource the selector may be omitted."""
+        """The existing cache of `resource`; with one informer per resource the selector
+        may be omitted. (`store_for` creates one.)"""
         informer = self._informers.get((resource, label_selector))
         if informer is None:
             matches = [i for (r, _), i in self._informers.items() if r == resource]

@@ -159,3 +159,32 @@ def test_a_dead_worker_thread_is_restarted_by_the_supervisor(server):
         assert _get(mgr.server_ports[0], "/healthz")[0] == 200
     finally:
         mgr.stop()
+
+
+def test_a_reconciler_gets_its_caches_before_it_is_registered(server):
+    """store_for() makes the cache before add_controller; the controller's own watches
+    (primary, and owned kinds under the same selector) share it: one informer each."""
+    server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "a"}, "data": {}})
+    uid = server.get_object(CONFIGMAPS.path(NS, "a"))["metadata"]["uid"]
+    svc = _owned_service("svc", "a", uid)
+    svc["metadata"]["labels"] = {"mine": "yes"}
+    server.create_object(SERVICES.path(NS), svc)
+    mgr = _manager(server)
+    configmaps, services = mgr.store_for(CONFIGMAPS), mgr.store_for(SERVICES, "mine=yes")
+    seen = []
+
+    def reconcile(key):
+        seen.append((configmaps.get(key) is not None,
+                     services.get(ObjectKey(NS, "svc")) is not None))
+
+    mgr.add_controller(CONFIGMAPS, reconcile, owns=[SERVICES], owns_label_selector="mine=yes",
+                       workers=1)
+    assert mgr.store(CONFIGMAPS) is configmaps and mgr.store(SERVICES, "mine=yes") is services
+    assert len(mgr._informers) == 2
+    mgr.start()
+    try:
+        eventually(lambda: (True, True) in seen, message=f"the reconcile saw {seen}")
+        with pytest.raises(RuntimeError, match="after start"):
+            mgr.store_for(CONFIGMAPS)
+    finally:
+        assert mgr.stop() == 0

@@ -255,8 +255,13 @@ class FakeManager:
         self.stores = {MY: Store(), DEPLOYMENTS: Store(), SERVICES: Store()}
         self.deletion_watches: dict[tuple[str, ObjectKey], ObjectKey] = {}
         self.deletion_watch_limit = 100
+        self.cache_selectors: dict = {}
 
     def store(self, resource):
+        return self.stores[resource]
+
+    def store_for(self, resource, label_selector=None):
+        self.cache_selectors[resource] = label_selector
         return self.stores[resource]
 
     def watch_for_deletion(self, resource, key, owner, controller=None):
@@ -306,7 +311,15 @@ def reconciler(mgr, clock):
     event_clock = itertools.count(0, 1000)
     recorder = EventRecorder(mgr.client, component="my-controller", instance="test",
                              clock=lambda: float(next(event_clock)))
-    return MyReconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z", clock=clock)
+    return new_reconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z",
+                          clock=clock)
+
+
+def new_reconciler(mgr, **options):
+    """A MyReconciler on the fake manager's caches, client and deletion watches (the
+    stores mapping is shared, so `mgr.forget` reaches the reconciler)."""
+    return MyReconciler(mgr.client, mgr.stores, watch_for_deletion=mgr.watch_for_deletion,
+                        cancel_deletion_watches=mgr.cancel_deletion_watches, **options)
 
 
 def set_deployment_status(mgr, **status):
@@ -757,7 +770,7 @@ def test_while_the_deployment_controller_answers_late_the_status_is_not_held(clo
     end of a long queue): the first status goes out with the children, as SPEC says."""
     hold = controller.STATUS_COALESCE_SECONDS
     mgr = FakeManager()
-    reconciler = MyReconciler(mgr, now=lambda: "T", clock=clock)
+    reconciler = new_reconciler(mgr, now=lambda: "T", clock=clock)
     for name, answer_after in (("slow-1", 10 * hold), ("slow-2", 10 * hold)):
         key = ObjectKey("default", name)
         mgr.client.put(MY, make_my(name=name))
@@ -1183,10 +1196,10 @@ def test_parse_duration_rejects(text):
 def test_main_wires_the_flags_into_the_manager(monkeypatch):
     seen = {}
 
-    class Mgr:
+    class Mgr(FakeManager):
         def __init__(self, config, name, **kwargs):
-            seen.update(config=config, name=name, kwargs=kwargs)
-            self.client = FakeApiServer()
+            super().__init__()
+            seen.update(config=config, name=name, kwargs=kwargs, mgr=self)
 
         def add_controller(self, resource, reconcile, **kwargs):
             seen.update(resource=resource, reconcile=reconcile, controller=kwargs)
@@ -1213,6 +1226,14 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
                                   qps=5.0, burst=10, graceful_shutdown_timeout_seconds=60.0,
                                   metrics_secure=True, metrics_cert_dir="/certs")
     assert seen["resource"] == MY and isinstance(seen["reconcile"], MyReconciler)
+    # the reconciler reads the caches the controller's watches fill: My unselected,
+    # the children under the owned watches' selector
+    selector = "app.kubernetes.io/managed-by=my-controller"
+    assert seen["mgr"].cache_selectors == {MY: None, DEPLOYMENTS: selector, SERVICES: selector}
+    seen["mgr"].client.put(MY, make_my())
+    seen["mgr"].sync()
+    seen["reconcile"](KEY)
+    assert seen["mgr"].client.obj(DEPLOYMENTS) is not None      # written through its client
     assert seen["controller"] == dict(
         owns=[DEPLOYMENTS, SERVICES],
         owns_label_selector="app.kubernetes.io/managed-by=my-controller", workers=2)
@@ -1221,10 +1242,10 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
 def test_main_defaults(monkeypatch):
     seen = {}
 
-    class Mgr:
+    class Mgr(FakeManager):
         def __init__(self, config, name, **kwargs):
+            super().__init__()
             seen.update(kwargs)
-            self.client = None
 
         def add_controller(self, *a, **k):
             seen["workers"] = k["workers"]
