@@ -114,7 +114,7 @@ class Manager:
         disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry, process_collectors=registry is None)
-        self.metrics.build_info.info({"version": VERSION, "manager": name})
+        self.metrics.init_build_info(name, VERSION)
 
         self.client = ApiClient.from_config(config, qps=qps, burst=burst, metrics=self.metrics,
                                             user_agent=user_agent(name, _MAJOR_MINOR))
@@ -131,7 +131,6 @@ class Manager:
                 metrics=self.metrics, clock=clock)
             # Every write checks that the lease is still held.
             self.client.write_guard = self._elector.check
-            self.metrics.init_leader(lease_name)
 
         # Secure metrics: the TLS context is built now, so a missing or broken
         # certificate is a configuration error before anything starts. The
@@ -225,7 +224,6 @@ class Manager:
                         log_context=functools.partial(reconcile_context, kind=resource.kind,
                                                       group=resource.group),
                         reconcile_timeout_seconds=reconcile_timeout_seconds)
-        self.metrics.init_controller(name, workers)
         self._controllers.append(_Controller(name, resource, queue, runner, primary, informers))
         self.healthz.add(f"workers-{name}", lambda r=runner: (r.threads_alive(),
                                                                "ok" if r.threads_alive()

@@ -397,9 +397,10 @@ def exported_metric_names() -> set[str]:
     registry = CollectorRegistry()
     metrics = Metrics(registry, process_collectors=True)
     metrics.init_controller("my", 4)
+    metrics.init_workqueue("my")
     metrics.init_resource("my.mine.jp")
     metrics.init_leader("my-controller")
-    metrics.build_info.info({"version": "test"})
+    metrics.init_build_info("my-controller", "test")
     names = set()
     suffixes = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_sum", "_count",
                                                                  "_created"],
@@ -598,9 +599,10 @@ def test_readme_metrics_table_is_what_the_code_exports():
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     metrics.init_controller("my", 4)
+    metrics.init_workqueue("my")
     metrics.init_resource("my.mine.jp")
     metrics.init_leader("my-controller")
-    metrics.build_info.info({"version": "0.1.0", "manager": "my-controller"})
+    metrics.init_build_info("my-controller", "0.1.0")
     metrics.rest_client_requests_total.labels("200", "GET", "h")
     metrics.rest_client_request_duration_seconds.labels("GET", "h")
     exported = {}
