@@ -69,7 +69,7 @@ from k8s_http import (
     set_condition,
     setup_logging,
 )
-from k8s_http import add_manager_flags, manager_options, new_parser, positive_int
+from k8s_http import add_manager_flags, manager_options, new_parser, positive_int, with_flag_names
 from k8s_http import __version__
 
 log = logging.getLogger("my_controller")
@@ -1090,7 +1090,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.kubeconfig, context=args.context)
         mgr = Manager(config, NAME, **manager_options(args))
     except ConfigError as err:
-        return _fail(err)
+        return _fail(with_flag_names(err))
     # The caches the reconciler reads, made before it is registered; the
     # controller's own watches (MY, and the owned kinds under the same
     # selector) share them.

@@ -19,7 +19,8 @@ from .errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeou
                      RedirectError, ServerError, TooManyRequestsError, TransportError,
                      UnauthorizedError, has_status_cause, is_namespace_terminating)
 from .events import EventRecorder
-from .flags import add_manager_flags, manager_options, new_parser, parse_duration, positive_int
+from .flags import (add_manager_flags, manager_options, new_parser, parse_duration, positive_int,
+                    with_flag_names)
 from .log import setup_logging
 from .manager import VERSION as __version__
 from .manager import Manager
@@ -49,4 +50,5 @@ __all__ = [
     "parse_quantity", "same_quantity", "needs_apply", "port_key",
     "setup_logging", "EventRecorder",
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
+    "with_flag_names",
 ]

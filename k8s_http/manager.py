@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError
+from .configerror import setting
 from .deletionwatch import DeletionWatches
 from .informer import Informer, own_key, owner_key
 from .leader import LeaderElector
@@ -139,9 +140,10 @@ class Manager:
         self._metrics_tls: ssl.SSLContext | None = None
         self._metrics_auth: MetricsAuthorizer | None = None
         if metrics_cert_dir and not metrics_secure:
-            raise ConfigError("--metrics-cert-dir", "a certificate was given but "
-                              "--metrics-secure is off, so /metrics would be plain HTTP",
-                              "add --metrics-secure, or drop --metrics-cert-dir")
+            raise ConfigError(setting("metrics_cert_dir"), "a certificate directory was given "
+                              f"without {setting('metrics_secure')}, so /metrics would be "
+                              "plain HTTP", f"add {setting('metrics_secure')}, or drop "
+                              f"{setting('metrics_cert_dir')}")
         if metrics_secure and metrics_bind_address.strip() not in ("", "0"):
             if metrics_bind_address == health_probe_bind_address:
                 raise ConfigError(
@@ -474,12 +476,13 @@ def _metrics_tls_context(cert_dir: str | None) -> ssl.SSLContext:
         cert, key = self_signed_cert(directory)
         context = server_tls_context(cert, key)
     except (OSError, RuntimeError, ValueError) as exc:
-        raise ConfigError("--metrics-secure", f"no certificate directory was given and a "
-                          f"self-signed certificate could not be made ({exc})",
-                          "pass --metrics-cert-dir with tls.crt and tls.key") from None
+        raise ConfigError(setting("metrics_secure"), "no certificate directory was given and "
+                          f"a self-signed certificate could not be made ({exc})",
+                          f"give one holding tls.crt and tls.key with "
+                          f"{setting('metrics_cert_dir')}") from None
     finally:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
     log.warning("secure metrics: serving a self-signed certificate (development only; "
-                "scrapers cannot verify it); use --metrics-cert-dir for a real one")
+                "scrapers cannot verify it); give a certificate directory for a real one")
     return context

@@ -133,4 +133,5 @@ EXPECTED_API = [
     "setup_logging", "EventRecorder",
     # command line: the standard manager flags
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
+    "with_flag_names",
 ]
