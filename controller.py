@@ -34,7 +34,6 @@ import errno
 import hashlib
 import json
 import logging
-import re
 import sys
 import time
 from fractions import Fraction
@@ -57,7 +56,10 @@ from k8s_http import (
     controller_of,
     get_condition,
     is_controlled_by,
+    is_dns1035_label,
+    is_env_var_name,
     is_namespace_terminating,
+    is_resource_name,
     load_config,
     meta_of,
     needs_apply,
@@ -157,16 +159,6 @@ STATUS_COALESCE_SECONDS = 0.5
 # Deployment controller takes to answer (an exponentially weighted mean).
 ANSWER_TIME_WEIGHT = 0.2
 
-# Kubernetes name rules the children impose on the My's name: a Service name
-# is an RFC 1035 label, and the name is also a label value (<= 63 characters).
-_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-# The apiserver's (legacy, strict) environment variable name rule.
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-# A resource name: `cpu`, `memory`, `ephemeral-storage`, `hugepages-2Mi`, or a
-# domain-prefixed extended resource such as `example.com/gpu`.
-_RESOURCE_NAME = re.compile(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 def labels_for(name: str) -> dict[str, str]:
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_MANAGED_BY: NAME}
@@ -305,7 +297,7 @@ def _validate_env(env: object) -> list[str]:
         if unknown:
             errors.append(f"{where}: unsupported field(s) {', '.join(unknown)}")
         name = item.get("name")
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
+        if not is_env_var_name(name):
             errors.append(f"{where}.name: a variable name of letters, digits, '_', '-' or '.', "
                           f"not starting with a digit (got {name!r})")
         elif name in seen:
@@ -338,7 +330,7 @@ def _validate_resources(resources: object) -> list[str]:
         parsed[section] = {}
         for name, value in values.items():
             where = f"spec.resources.{section}.{name}"
-            if not isinstance(name, str) or not _RESOURCE_NAME.match(name):
+            if not is_resource_name(name):
                 errors.append(f"{where}: invalid resource name")
                 continue
             try:
@@ -358,9 +350,9 @@ def validate_my(my: dict) -> list[str]:
     """validate_spec plus the rules the children put on the My's own name."""
     name = meta_of(my).get("name") or ""
     errors = []
-    # The Service is named after the My: an RFC 1035 label. The name is also
-    # the value of the instance label, which allows at most 63 characters.
-    if len(name) > 63 or not _DNS1035_LABEL.match(name):
+    # The Service is named after the My: an RFC 1035 label (at most 63
+    # characters, which the instance label's value also requires).
+    if not is_dns1035_label(name):
         errors.append(f"metadata.name: {name!r} cannot name a Service: use at most 63 "
                       "lowercase letters, digits and '-', starting with a letter")
     return errors + validate_spec(my.get("spec"))

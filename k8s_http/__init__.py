@@ -24,6 +24,8 @@ from .flags import (add_manager_flags, manager_options, new_parser, parse_durati
 from .log import setup_logging
 from .manager import VERSION as __version__
 from .manager import Manager
+from .names import (is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_env_var_name,
+                    is_resource_name)
 from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES, PODS,
                       REPLICASETS, SECRETS, SERVICEACCOUNTS, SERVICES, ObjectKey, Resource,
                       add_finalizer, controller_of, get_condition, has_finalizer,
@@ -48,6 +50,8 @@ __all__ = [
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
     "parse_quantity", "same_quantity", "needs_apply", "port_key",
+    "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
+    "is_resource_name",
     "setup_logging", "EventRecorder",
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
     "with_flag_names",

@@ -29,6 +29,7 @@ import sys
 
 from .configerror import ConfigError
 from .log import LEVEL_NAMES, LOG_FORMATS
+from .names import is_dns1123_label, is_dns1123_subdomain
 
 __all__ = [
     "new_parser",
@@ -52,9 +53,6 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
                    "h": 3600.0}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 # --------------------------------------------------------------------------
@@ -167,7 +165,7 @@ def non_negative_float(text: str) -> float:
 
 
 def namespace_name(text: str) -> str:
-    if len(text) > 63 or not _DNS1123_LABEL.match(text):
+    if not is_dns1123_label(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a namespace name: use at most 63 lowercase letters, digits "
             "and '-', starting and ending with a letter or digit")
@@ -175,7 +173,7 @@ def namespace_name(text: str) -> str:
 
 
 def lease_name(text: str) -> str:
-    if len(text) > 253 or not _DNS1123_SUBDOMAIN.match(text):
+    if not is_dns1123_subdomain(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a valid Lease name: use lowercase letters, digits, '-' and '.'")
     return text

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 import controller
 from k8s_http.metrics import Metrics
+from k8s_http.names import ENV_VAR_NAME
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -326,7 +327,7 @@ def test_crd_bounds_and_defaults_match_the_controller():
     env = props["env"]
     assert env["maxItems"] == controller.MAX_ENV
     assert env["x-kubernetes-list-type"] == "map" and env["x-kubernetes-list-map-keys"] == ["name"]
-    assert env["items"]["properties"]["name"]["pattern"] == controller._ENV_NAME.pattern
+    assert env["items"]["properties"]["name"]["pattern"] == ENV_VAR_NAME.pattern
 
 
 def _structural(schema: dict, where: str = "") -> None:
