@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import errno
-import hashlib
 import json
 import logging
 import sys
@@ -46,6 +45,7 @@ from k8s_http import (
     ApiError,
     ConfigError,
     ConflictError,
+    config_hash,
     InvalidError,
     Manager,
     NotFoundError,
@@ -70,6 +70,7 @@ from k8s_http import (
     rfc3339_now,
     set_condition,
     setup_logging,
+    with_config_hash,
 )
 from k8s_http import add_manager_flags, manager_options, new_parser, positive_int, with_flag_names
 from k8s_http import __version__
@@ -362,17 +363,6 @@ def validate_my(my: dict) -> list[str]:
 # 3. Rendering: the apply configurations
 
 
-def _config_hash(obj: dict | None) -> str | None:
-    return (meta_of(obj).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
-
-
-def _with_config_hash(obj: dict) -> dict:
-    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    obj["metadata"].setdefault("annotations", {})[CONFIG_HASH_ANNOTATION] = digest
-    return obj
-
-
 def _child_metadata(my: dict) -> dict:
     meta = my["metadata"]
     return {"name": meta["name"], "namespace": meta.get("namespace") or "default",
@@ -431,7 +421,7 @@ def render_deployment(my: dict) -> dict:
     }
     if spec.get("progressDeadlineSeconds") is not None:
         deployment["spec"]["progressDeadlineSeconds"] = spec["progressDeadlineSeconds"]
-    return _with_config_hash(deployment)
+    return with_config_hash(deployment, CONFIG_HASH_ANNOTATION)
 
 
 def render_service(my: dict) -> dict:
@@ -448,7 +438,7 @@ def render_service(my: dict) -> dict:
             "ports": [{"port": spec["port"], "targetPort": spec["port"], "protocol": "TCP"}],
         },
     }
-    return _with_config_hash(service)
+    return with_config_hash(service, CONFIG_HASH_ANNOTATION)
 
 
 # --------------------------------------------------------------------------
@@ -851,7 +841,8 @@ class MyReconciler:
         taken (409) do we read the object to see whose it is, and a foreign one is
         never touched -- a plain forced apply would take it over.
         """
-        if live is not None and _config_hash(live) == _config_hash(desired):
+        if live is not None and config_hash(live, CONFIG_HASH_ANNOTATION) == \
+                config_hash(desired, CONFIG_HASH_ANNOTATION):
             # Our spec is what the child was last applied with, so list entries
             # we do not send now are someone else's: remove them first (a forced
             # apply would merge ours with theirs, maybe into a 422).

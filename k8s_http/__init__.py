@@ -10,7 +10,7 @@ Importing this package connects to nothing, starts no thread, reads no
 configuration and configures no logging.
 """
 
-from .applydiff import needs_apply, port_key
+from .applydiff import config_hash, needs_apply, port_key, with_config_hash
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError, load_config
 from .errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeoutError,
@@ -49,7 +49,8 @@ __all__ = [
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
-    "parse_quantity", "same_quantity", "needs_apply", "port_key",
+    "parse_quantity", "same_quantity", "needs_apply", "port_key", "with_config_hash",
+    "config_hash",
     "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
     "is_resource_name",
     "setup_logging", "EventRecorder",

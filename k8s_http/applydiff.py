@@ -15,18 +15,23 @@ manager added (a sidecar injected by a webhook) is not drift; quantities under
 canonicalises them ("1000m" is stored as "1").
 
 What a subset test cannot see is a field the caller *stopped* sending (still
-on the live object, so "desired ⊆ live" holds): a caller that removes fields
-must make that visible in what it sends, e.g. with a hash of the configuration
-in an annotation.
+on the live object, so "desired ⊆ live" holds): `with_config_hash` stamps the
+apply configuration with a hash of itself in an annotation, which changes
+whenever the configuration does, so the subset test fails and the caller does
+apply (and server-side apply removes the field it no longer owns).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Callable
 
+from .objects import meta_of
 from .quantity import same_quantity
 
-__all__ = ["needs_apply", "covers", "port_key", "LIST_MAP_KEYS"]
+__all__ = ["needs_apply", "covers", "port_key", "LIST_MAP_KEYS", "with_config_hash",
+           "config_hash"]
 
 
 def port_key(item: dict) -> tuple:
@@ -105,3 +110,18 @@ def needs_apply(desired: dict, live: dict | None) -> bool:
     if live is None:
         return True
     return not covers(desired, live, ())
+
+
+def with_config_hash(obj: dict, annotation: str) -> dict:
+    """Stamp `obj` (an apply configuration, changed in place and returned) with a
+    hash of everything else in it, in annotation `annotation`."""
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    obj["metadata"].setdefault("annotations", {})[annotation] = digest
+    return obj
+
+
+def config_hash(obj: dict | None, annotation: str) -> str | None:
+    """The hash `with_config_hash` stamped on `obj`, or None."""
+    annotations = meta_of(obj).get("annotations")
+    return annotations.get(annotation) if isinstance(annotations, dict) else None

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from k8s_http import needs_apply, port_key
+from k8s_http import config_hash, needs_apply, port_key, with_config_hash
 from k8s_http.applydiff import covers
 
 DESIRED = {
@@ -102,3 +102,20 @@ def test_port_key_is_the_port_and_its_defaulted_protocol():
     assert port_key({"containerPort": 80}) == port_key({"containerPort": 80, "protocol": "TCP"})
     assert port_key({"port": 80, "targetPort": 8080}) == (80, "TCP")
     assert port_key({"port": 53, "protocol": "UDP"}) != port_key({"port": 53})
+
+
+def test_the_config_hash_makes_a_field_no_longer_sent_visible():
+    ann = "example.com/config-hash"
+    before = with_config_hash(copy.deepcopy(DESIRED), ann)
+    live = live_copy()
+    live["metadata"]["annotations"] = dict(before["metadata"]["annotations"])
+    assert needs_apply(before, live) is False
+    after = copy.deepcopy(DESIRED)
+    container(after)["env"].pop()                     # B no longer sent: desired ⊆ live ...
+    assert needs_apply(after, live) is False
+    after = with_config_hash(after, ann)              # ... but its hash differs
+    assert needs_apply(after, live) is True
+    assert config_hash(after, ann) != config_hash(before, ann)
+    assert config_hash(with_config_hash(copy.deepcopy(DESIRED), ann), ann) == \
+        config_hash(before, ann)                      # the same configuration, the same hash
+    assert config_hash(None, ann) is None and config_hash({"metadata": {}}, ann) is None

@@ -128,7 +128,8 @@ EXPECTED_API = [
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
     # quantities, and whether a server-side apply would change an object
-    "parse_quantity", "same_quantity", "needs_apply", "port_key",
+    "parse_quantity", "same_quantity", "needs_apply", "port_key", "with_config_hash",
+    "config_hash",
     # the apiserver's name rules
     "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
     "is_resource_name",
