@@ -13,10 +13,11 @@ condition on the `My`'s status subresource.
 
 Layout of this file, top to bottom:
 
-  1. constants and small pure helpers (quantities, labels);
+  1. constants and small pure helpers (labels);
   2. ``validate_spec`` / ``validate_my``: what the controller can use;
   3. ``render_deployment`` / ``render_service``: the apply configurations;
-  4. ``needs_apply``: does the cached child already say what we would apply?
+  4. ``foreign_entries_patch``: other managers' entries in the fields the My decides
+     (whether an apply would change a child is k8s_http's ``needs_apply``);
   5. ``desired_status`` / ``status_changed``;
   6. ``MyReconciler``: the level-based reconcile, reading caches, writing little;
   7. ``main``: flags, configuration errors as one line, the Manager.
@@ -30,14 +31,12 @@ from __future__ import annotations
 import argparse
 import copy
 import errno
-import hashlib
 import json
 import logging
-import re
 import sys
 import time
 from fractions import Fraction
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 from k8s_http import (
     EventRecorder,
@@ -52,16 +51,29 @@ from k8s_http import (
     ObjectKey,
     Resource,
     Result,
+    Store,
+    config_hash,
     queued_seconds,
     controller_of,
     get_condition,
     is_controlled_by,
+    is_dns1035_label,
+    is_env_var_name,
+    is_namespace_terminating,
+    is_resource_name,
     load_config,
+    meta_of,
+    needs_apply,
+    owner_reference,
+    parse_quantity,
+    port_key,
+    resource_version_of,
     rfc3339_now,
     set_condition,
     setup_logging,
+    with_config_hash,
 )
-from k8s_http import add_manager_flags, manager_options, new_parser, positive_int
+from k8s_http import add_manager_flags, manager_options, new_parser, positive_int, with_flag_names
 from k8s_http import __version__
 
 log = logging.getLogger("my_controller")
@@ -154,68 +166,6 @@ STATUS_HOLD_CAP_SECONDS = 10.0
 # Deployment controller takes to answer (an exponentially weighted mean).
 ANSWER_TIME_WEIGHT = 0.2
 
-# Kubernetes name rules the children impose on the My's name: a Service name
-# is an RFC 1035 label, and the name is also a label value (<= 63 characters).
-_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-# The apiserver's (legacy, strict) environment variable name rule.
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-# A resource name: `cpu`, `memory`, `ephemeral-storage`, `hugepages-2Mi`, or a
-# domain-prefixed extended resource such as `example.com/gpu`.
-_RESOURCE_NAME = re.compile(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-
-# Kubernetes quantities (resource.Quantity), non-negative only: the same
-# pattern is in the CRD schema (manifests/base/crd.yaml).
-_QUANTITY = re.compile(
-    r"^\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
-    r"(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$")
-_SUFFIXES: dict[str, Fraction] = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 10**3),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
-    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
-}
-# Bound the exponent form ("1e400000" would be a needlessly big number to build).
-_MAX_EXPONENT = 30
-
-
-def parse_quantity(value: object) -> Fraction:
-    """A Kubernetes quantity as an exact number; ValueError if it is not one.
-
-    Exact (Fraction) so that "1000m" == "1" and "1Gi" == "1024Mi" compare equal:
-    the apiserver stores quantities in canonical form, so what we applied and
-    what we read back may be spelled differently.
-    """
-    if isinstance(value, bool):
-        raise ValueError("a quantity is a number or a string, not a boolean")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("must not be negative")
-        return Fraction(value)
-    if not isinstance(value, str):
-        raise ValueError("must be a string such as 100m or 256Mi")
-    match = _QUANTITY.match(value)
-    if not match:
-        raise ValueError(f"{value!r} is not a quantity (examples: 100m, 0.5, 256Mi, 1G)")
-    number = Fraction(match.group("number"))
-    suffix = match.group("suffix") or ""
-    if suffix[:1] in ("e", "E"):
-        exponent = int(suffix[1:])
-        if abs(exponent) > _MAX_EXPONENT:
-            raise ValueError(f"{value!r}: exponent out of range")
-        return number * Fraction(10) ** exponent
-    return number * _SUFFIXES[suffix]
-
-
-def same_quantity(a: object, b: object) -> bool:
-    try:
-        return parse_quantity(a) == parse_quantity(b)
-    except ValueError:
-        return a == b
-
 
 def labels_for(name: str) -> dict[str, str]:
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_MANAGED_BY: NAME}
@@ -237,14 +187,6 @@ def effective_spec(spec: dict | None) -> dict:
     spec.setdefault("port", DEFAULT_PORT)
     spec.setdefault("serviceType", DEFAULT_SERVICE_TYPE)
     return spec
-
-
-def _meta(obj: dict | None) -> dict:
-    return (obj or {}).get("metadata") or {}
-
-
-def _rv(obj: dict | None) -> str | None:
-    return _meta(obj).get("resourceVersion") if obj else None
 
 
 # --------------------------------------------------------------------------
@@ -362,7 +304,7 @@ def _validate_env(env: object) -> list[str]:
         if unknown:
             errors.append(f"{where}: unsupported field(s) {', '.join(unknown)}")
         name = item.get("name")
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
+        if not is_env_var_name(name):
             errors.append(f"{where}.name: a variable name of letters, digits, '_', '-' or '.', "
                           f"not starting with a digit (got {name!r})")
         elif name in seen:
@@ -395,7 +337,7 @@ def _validate_resources(resources: object) -> list[str]:
         parsed[section] = {}
         for name, value in values.items():
             where = f"spec.resources.{section}.{name}"
-            if not isinstance(name, str) or not _RESOURCE_NAME.match(name):
+            if not is_resource_name(name):
                 errors.append(f"{where}: invalid resource name")
                 continue
             try:
@@ -413,11 +355,11 @@ def _validate_resources(resources: object) -> list[str]:
 
 def validate_my(my: dict) -> list[str]:
     """validate_spec plus the rules the children put on the My's own name."""
-    name = _meta(my).get("name") or ""
+    name = meta_of(my).get("name") or ""
     errors = []
-    # The Service is named after the My: an RFC 1035 label. The name is also
-    # the value of the instance label, which allows at most 63 characters.
-    if len(name) > 63 or not _DNS1035_LABEL.match(name):
+    # The Service is named after the My: an RFC 1035 label (at most 63
+    # characters, which the instance label's value also requires).
+    if not is_dns1035_label(name):
         errors.append(f"metadata.name: {name!r} cannot name a Service: use at most 63 "
                       "lowercase letters, digits and '-', starting with a letter")
     return errors + validate_spec(my.get("spec"))
@@ -427,29 +369,11 @@ def validate_my(my: dict) -> list[str]:
 # 3. Rendering: the apply configurations
 
 
-def _owner_reference(my: dict) -> dict:
-    # Built from constants, not from the cached object's apiVersion/kind, which
-    # a cache may or may not carry.
-    meta = my["metadata"]
-    return {"apiVersion": MY.api_version, "kind": MY.kind, "name": meta["name"],
-            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
-
-
-def _config_hash(obj: dict | None) -> str | None:
-    return (_meta(obj).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
-
-
-def _with_config_hash(obj: dict) -> dict:
-    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    obj["metadata"].setdefault("annotations", {})[CONFIG_HASH_ANNOTATION] = digest
-    return obj
-
-
 def _child_metadata(my: dict) -> dict:
     meta = my["metadata"]
     return {"name": meta["name"], "namespace": meta.get("namespace") or "default",
-            "labels": labels_for(meta["name"]), "ownerReferences": [_owner_reference(my)]}
+            "labels": labels_for(meta["name"]),
+            "ownerReferences": [owner_reference(my, resource=MY)]}
 
 
 def render_deployment(my: dict) -> dict:
@@ -503,7 +427,7 @@ def render_deployment(my: dict) -> dict:
     }
     if spec.get("progressDeadlineSeconds") is not None:
         deployment["spec"]["progressDeadlineSeconds"] = spec["progressDeadlineSeconds"]
-    return _with_config_hash(deployment)
+    return with_config_hash(deployment, CONFIG_HASH_ANNOTATION)
 
 
 def render_service(my: dict) -> dict:
@@ -520,90 +444,11 @@ def render_service(my: dict) -> dict:
             "ports": [{"port": spec["port"], "targetPort": spec["port"], "protocol": "TCP"}],
         },
     }
-    return _with_config_hash(service)
+    return with_config_hash(service, CONFIG_HASH_ANNOTATION)
 
 
 # --------------------------------------------------------------------------
-# 4. needs_apply: does the live child already say what we would apply?
-
-def _port_key(item: dict) -> tuple:
-    return (item.get("containerPort", item.get("port")), item.get("protocol") or "TCP")
-
-
-# Lists the apiserver merges by key (their `listMapKeys`): compared item by item
-# on the key, so a server-added or foreign item (a sidecar injected by a
-# webhook, another manager's env var) does not look like drift.
-_LIST_KEYS: dict[str, Callable[[dict], object]] = {
-    "containers": lambda item: item.get("name"),
-    "env": lambda item: item.get("name"),
-    "ports": _port_key,
-    "ownerReferences": lambda item: item.get("uid"),
-}
-
-
-def _covers(desired: object, live: object, path: tuple[str, ...]) -> bool:
-    """True when every field of `desired` is in `live` with the same value.
-
-    Extra fields in `live` are fine: server defaults (protocol, imagePullPolicy,
-    terminationMessagePath, strategy, clusterIP, nodePort, ...) and fields
-    other managers own.
-    """
-    if isinstance(desired, dict):
-        if not isinstance(live, dict):
-            return False
-        quantities = path[-2:] in (("resources", "requests"), ("resources", "limits"))
-        for key, want in desired.items():
-            if key not in live:
-                return False
-            if quantities:
-                # The apiserver canonicalises quantities ("1000m" is stored as "1").
-                if not same_quantity(want, live[key]):
-                    return False
-            elif not _covers(want, live[key], path + (key,)):
-                return False
-        return True
-    if isinstance(desired, list):
-        if not isinstance(live, list):
-            return False
-        key_of_item = _LIST_KEYS.get(path[-1]) if path else None
-        if key_of_item is None:
-            return len(desired) == len(live) and all(
-                _covers(d, l, path + ("[]",)) for d, l in zip(desired, live))
-        live_index = {}
-        for i, item in enumerate(live):
-            if isinstance(item, dict):
-                live_index.setdefault(key_of_item(item), i)
-        positions = []
-        for item in desired:
-            i = live_index.get(key_of_item(item))
-            if i is None or not _covers(item, live[i], path + ("[]",)):
-                return False
-            positions.append(i)
-        # Our items must also keep their order: it matters for env, where a
-        # value may refer to an earlier variable as $(NAME).
-        return positions == sorted(positions)
-    if isinstance(desired, bool) or isinstance(live, bool):
-        return desired is live
-    return desired == live
-
-
-def needs_apply(desired: dict, live: dict | None) -> bool:
-    """Whether applying `desired` could change `live` (None: the child is missing).
-
-    A subset test: labels, annotations (including the config hash, which
-    catches fields we no longer send), ownerReferences and every spec field
-    we send must be in `live` with the same value. The caller checks that the
-    child is ours first (see MyReconciler); a child lacking our controller
-    ownerReference needs an apply, which is how an adopted-then-edited child
-    gets it back.
-    """
-    if live is None:
-        return True
-    return not _covers(desired, live, ())
-
-
-# --------------------------------------------------------------------------
-# 4b. Fields the spec decides hold nothing of anybody else's
+# 4. Fields the spec decides hold nothing of anybody else's
 
 def foreign_entries_patch(desired: dict, live: dict | None) -> dict | None:
     """A strategic merge patch that removes what other field managers added
@@ -629,9 +474,9 @@ def foreign_entries_patch(desired: dict, live: dict | None) -> dict | None:
 
 def _foreign_service_ports(desired: dict, live: dict) -> dict | None:
     ours = desired["spec"]["ports"]
-    wanted = {_port_key(p) for p in ours}
+    wanted = {port_key(p) for p in ours}
     foreign = [p for p in (live.get("spec") or {}).get("ports") or []
-               if isinstance(p, dict) and _port_key(p) not in wanted]
+               if isinstance(p, dict) and port_key(p) not in wanted]
     if not foreign:
         return None
     # Merge key of Service ports in a strategic merge patch: `port` (so a foreign
@@ -650,9 +495,9 @@ def _foreign_in_app_container(desired: dict, live: dict) -> dict | None:
     if have is None:
         return None          # the apply adds our container; nothing foreign to remove
     patch: dict = {}
-    ports = {_port_key(p) for p in want.get("ports") or []}
+    ports = {port_key(p) for p in want.get("ports") or []}
     extra_ports = {p.get("containerPort") for p in have.get("ports") or []
-                   if isinstance(p, dict) and _port_key(p) not in ports}
+                   if isinstance(p, dict) and port_key(p) not in ports}
     if extra_ports:
         patch["ports"] = [{"containerPort": port, "$patch": "delete"}
                           for port in sorted(extra_ports, key=str)]
@@ -719,7 +564,7 @@ def _readiness(spec: dict, deployment: dict | None) -> tuple[str, str, str]:
     status = deployment.get("status") or {}
     ready = status.get("readyReplicas") or 0
     updated = status.get("updatedReplicas") or 0
-    generation = _meta(deployment).get("generation") or 0
+    generation = meta_of(deployment).get("generation") or 0
     if (status.get("observedGeneration") or 0) < generation:
         return "False", PROGRESSING, f"{ready}/{desired} replicas ready; Deployment update pending"
     if ready >= desired and updated >= desired:
@@ -761,7 +606,7 @@ def _is_rollout_pending(deployment: dict | None) -> bool:
     if deployment is None:
         return False
     status = deployment.get("status") or {}
-    if (status.get("observedGeneration") or 0) < (_meta(deployment).get("generation") or 0):
+    if (status.get("observedGeneration") or 0) < (meta_of(deployment).get("generation") or 0):
         return True
     if _workload_failure(status) is not None:
         return False        # an answer already: the counts will not reach spec.replicas soon
@@ -783,7 +628,7 @@ def desired_status(my: dict, deployment: dict | None, *,
     `lastTransitionTime` moves only when the Ready status flips (set_condition).
     """
     old = my.get("status") or {}
-    generation = _meta(my).get("generation")
+    generation = meta_of(my).get("generation")
     if condition is None:
         cond_status, reason, message = _readiness(effective_spec(my.get("spec")), deployment)
     else:
@@ -794,7 +639,7 @@ def desired_status(my: dict, deployment: dict | None, *,
         "observedGeneration": generation,
         "replicas": counts.get("replicas") or 0,
         "readyReplicas": counts.get("readyReplicas") or 0,
-        "selector": selector_string(_meta(my).get("name") or ""),
+        "selector": selector_string(meta_of(my).get("name") or ""),
         "conditions": set_condition(old.get("conditions"), {
             "type": CONDITION_READY, "status": cond_status, "reason": reason,
             "message": message, "observedGeneration": generation,
@@ -805,7 +650,7 @@ def desired_status(my: dict, deployment: dict | None, *,
 
 def _versions(*objs: dict | None) -> int:
     """One number for the resourceVersions of `objs` (None for a missing one)."""
-    return hash(tuple(_rv(obj) for obj in objs))
+    return hash(tuple(resource_version_of(obj) for obj in objs))
 
 
 def status_changed(old: dict | None, new: dict) -> bool:
@@ -823,20 +668,19 @@ def _ready_summary(status: dict | None) -> tuple | None:
 # 6. The reconcile (Events go through k8s_http's EventRecorder)
 
 
-def _namespace_terminating(err: ApiError) -> bool:
-    """The apiserver's typed cause for "namespace is being terminated" (client-go's
-    `HasStatusCause(err, NamespaceTerminatingCause)`): a cause, not message text."""
-    return any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating"
-               for c in err.details.get("causes") or [])
-
-
 class _Blocked(NamedTuple):
     """A child we may not write (a name taken by someone else): stop the reconcile."""
     result: Result | None
 
 
 class MyReconciler:
-    """reconcile(key) for `My` objects; `mgr` gives the caches and the client.
+    """reconcile(key) for `My` objects.
+
+    Reads `stores`, the caches of My and of our children by resource (MY,
+    DEPLOYMENTS, SERVICES; the children's selected by MANAGED_SELECTOR, see
+    `main`), and writes through `client`. `watch_for_deletion(resource, key,
+    owner) -> bool` and `cancel_deletion_watches(owner)` are the Manager's
+    narrow watches on a name outside the caches (a conflicting child).
 
     Level-based: every call looks at the current state (caches, and the server
     where a cache cannot know) and does what is missing, whatever the event
@@ -845,12 +689,19 @@ class MyReconciler:
 
     CHILDREN = ((DEPLOYMENTS, render_deployment), (SERVICES, render_service))
 
-    def __init__(self, mgr, *, recorder: EventRecorder | None = None,
+    def __init__(self, client, stores: Mapping[Resource, Store], *,
+                 watch_for_deletion: Callable[[Resource, ObjectKey, ObjectKey], bool],
+                 cancel_deletion_watches: Callable[[ObjectKey], None],
+                 recorder: EventRecorder | None = None,
                  now: Callable[[], str] = rfc3339_now,
                  clock: Callable[[], float] = time.monotonic,
                  status_coalesce_seconds: float = STATUS_COALESCE_SECONDS):
-        self.mgr = mgr
-        self.recorder = recorder or mgr.event_recorder(NAME)
+        self.client = client
+        self._stores = stores
+        self._watch_for_deletion = watch_for_deletion
+        self._cancel_deletion_watches = cancel_deletion_watches
+        # main() passes the manager's asynchronous recorder; this one waits for each Event.
+        self.recorder = recorder or EventRecorder(client, component=NAME)
         self._now = now
         # (child plural, key) -> the foreign-entries patch a webhook undid (see
         # _remove_foreign_entries); dropped when the My goes.
@@ -879,19 +730,13 @@ class MyReconciler:
         # collision for the same key.
         self._settled: dict[ObjectKey, int] = {}
 
-    @property
-    def client(self):
-        return self.mgr.client
-
     def __call__(self, key: ObjectKey) -> Result | None:
-        # Stores are looked up per call: the Manager creates them in add_controller(),
-        # after this object exists.
         # The store answers with our own last write until its watch brings it.
-        my = self.mgr.store(MY).get(key)
+        my = self._stores[MY].get(key)
         if my is None:
             # Gone: the garbage collector deletes the children (ownerReferences).
             self.recorder.forget(key)
-            self.mgr.cancel_deletion_watches(key)
+            self._cancel_deletion_watches(key)
             for resource, _ in self.CHILDREN:
                 self._futile_patches.pop((resource.plural, key), None)
             self._held_until.pop(key, None)
@@ -908,7 +753,7 @@ class MyReconciler:
                 return Result(requeue_after_seconds=until - self._clock(), priority=1)
             # The hold is over and nothing came: write the status as it stands.
         self._settled.pop(key, None)
-        if _meta(my).get("deletionTimestamp"):
+        if meta_of(my).get("deletionTimestamp"):
             # Being deleted (maybe in the foreground, children first): do not recreate them.
             return None
 
@@ -940,7 +785,7 @@ class MyReconciler:
                     return live.result
                 lives[resource] = live
         except ApiError as err:
-            if _namespace_terminating(err):
+            if is_namespace_terminating(err):
                 # The namespace is being deleted (its controller removes the children
                 # before the My): creating anything there is refused, and the My goes
                 # next. As client-go's controllers do, give up quietly, no retry.
@@ -983,9 +828,9 @@ class MyReconciler:
         its watch has brought a newer version of the key.)"""
         if deployment is None or not _is_rollout_pending(deployment):
             return deployment
-        cached = self.mgr.store(DEPLOYMENTS).get(key)
+        cached = self._stores[DEPLOYMENTS].get(key)
         if cached is not None and is_controlled_by(cached, my) and \
-                _meta(cached).get("generation") == _meta(deployment).get("generation") and \
+                meta_of(cached).get("generation") == meta_of(deployment).get("generation") and \
                 not _is_rollout_pending(cached):
             return cached
         return deployment
@@ -1010,10 +855,10 @@ class MyReconciler:
             live = self.client.get(MY, key.name, namespace=key.namespace)
         except NotFoundError:
             live = None
-        if live is not None and _meta(live).get("uid") == _meta(my).get("uid"):
+        if live is not None and meta_of(live).get("uid") == meta_of(my).get("uid"):
             return True
         log.info("not re-creating the children of %s: the My is gone (uid %s), the cache "
-                 "is behind", key, _meta(my).get("uid"))
+                 "is behind", key, meta_of(my).get("uid"))
         return False
 
     def _cached_child(self, resource: Resource, key: ObjectKey) -> dict | None:
@@ -1024,7 +869,7 @@ class MyReconciler:
         else's unlabelled object of that name, or ours with the label removed.
         `_ensure_child` tells them apart with a create-only apply.
         """
-        return self.mgr.store(resource).get(key)
+        return self._stores[resource].get(key)
 
     def _ensure_child(self, key: ObjectKey, my: dict, resource: Resource, desired: dict,
                       live: dict | None, changes: list) -> dict | _Blocked | None:
@@ -1036,7 +881,8 @@ class MyReconciler:
         taken (409) do we read the object to see whose it is, and a foreign one is
         never touched -- a plain forced apply would take it over.
         """
-        if live is not None and _config_hash(live) == _config_hash(desired):
+        if live is not None and config_hash(live, CONFIG_HASH_ANNOTATION) == \
+                config_hash(desired, CONFIG_HASH_ANNOTATION):
             # Our spec is what the child was last applied with, so list entries
             # we do not send now are someone else's: remove them first (a forced
             # apply would merge ours with theirs, maybe into a 422).
@@ -1060,7 +906,7 @@ class MyReconciler:
             applied = self._apply_over(key, resource, desired, live, changes)
         if live is None:
             changes.append(("Created", resource))
-        elif _rv(applied) != _rv(live):
+        elif resource_version_of(applied) != resource_version_of(live):
             changes.append(("Updated", resource))
         else:
             # The server found nothing to change: needs_apply saw a difference that
@@ -1107,7 +953,7 @@ class MyReconciler:
         patched = self._write(resource, live, lambda: self.client.patch(
             resource, key.name, patch, namespace=key.namespace, patch_type="strategic",
             field_manager=FIELD_MANAGER))
-        if _rv(patched) != _rv(live):
+        if resource_version_of(patched) != resource_version_of(live):
             changes.append(("Updated", resource))
         if foreign_entries_patch(desired, patched) == patch:
             log.warning("%s %s: other entries in fields the My decides came back at once "
@@ -1124,7 +970,7 @@ class MyReconciler:
 
     def _write(self, resource: Resource, base: dict | None, send: Callable[[], dict]) -> dict:
         """Send a write; the store answers with its result until the watch brings it."""
-        store = self.mgr.store(resource)
+        store = self._stores[resource]
         token = store.begin_write()
         written = None
         try:
@@ -1140,7 +986,7 @@ class MyReconciler:
                    f"by this My{held}; delete or rename it")
         self._write_status(key, my, None, condition=(CONFLICT, message))
         # Its deletion is invisible to our label-selected watches: watch its name.
-        if self.mgr.watch_for_deletion(resource, key, key):
+        if self._watch_for_deletion(resource, key, key):
             return None
         return Result(requeue_after_seconds=CONFLICT_RECHECK_SECONDS)
 
@@ -1153,7 +999,7 @@ class MyReconciler:
     def _report_changes(self, my: dict, changes: list[tuple[str, Resource]]) -> None:
         """One Event per kind of change in a reconcile ("Created Deployment x and
         Service x"), not one per child: Events are writes too."""
-        name = _meta(my).get("name")
+        name = meta_of(my).get("name")
         for verb in ("Created", "Updated"):
             kinds = list(dict.fromkeys(resource.kind for done, resource in changes
                                        if done == verb))
@@ -1275,8 +1121,17 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.kubeconfig, context=args.context)
         mgr = Manager(config, NAME, **manager_options(args))
     except ConfigError as err:
-        return _fail(err)
-    mgr.add_controller(MY, MyReconciler(mgr), owns=[DEPLOYMENTS, SERVICES],
+        return _fail(with_flag_names(err))
+    # The caches the reconciler reads, made before it is registered; the
+    # controller's own watches (MY, and the owned kinds under the same
+    # selector) share them.
+    stores = {MY: mgr.store_for(MY),
+              DEPLOYMENTS: mgr.store_for(DEPLOYMENTS, MANAGED_SELECTOR),
+              SERVICES: mgr.store_for(SERVICES, MANAGED_SELECTOR)}
+    reconciler = MyReconciler(mgr.client, stores, watch_for_deletion=mgr.watch_for_deletion,
+                              cancel_deletion_watches=mgr.cancel_deletion_watches,
+                              recorder=mgr.event_recorder(NAME))
+    mgr.add_controller(MY, reconciler, owns=[DEPLOYMENTS, SERVICES],
                        owns_label_selector=MANAGED_SELECTOR, workers=args.workers)
     try:
         return mgr.run()

@@ -8,9 +8,10 @@ WIDGETS = Resource("example.com", "v1", "widgets", namespaced=True, kind="Widget
 
 def build(config, **manager_options) -> Manager:
     mgr = Manager(config, "widget-controller", **manager_options)
+    widgets, client = mgr.store_for(WIDGETS), mgr.client   # what the reconcile reads, writes
 
     def reconcile(key):
-        widget = mgr.store(WIDGETS).get(key)          # from the informer cache
+        widget = widgets.get(key)                     # from the informer cache
         if widget is None:
             return None                               # deleted: the GC removes its ConfigMap
         desired = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -18,7 +19,7 @@ def build(config, **manager_options) -> Manager:
                                 # controller=True: changes to the ConfigMap map back to this key
                                 "ownerReferences": [owner_reference(widget)]},
                    "data": {"size": str(widget["spec"].get("size", 1))}}
-        mgr.client.apply(CONFIGMAPS, desired, field_manager="widget-controller", force=True)
+        client.apply(CONFIGMAPS, desired, field_manager="widget-controller", force=True)
 
     mgr.add_controller(WIDGETS, reconcile, owns=[CONFIGMAPS], workers=4)
     return mgr

@@ -10,39 +10,50 @@ Importing this package connects to nothing, starts no thread, reads no
 configuration and configures no logging.
 """
 
+from .applydiff import config_hash, needs_apply, port_key, with_config_hash
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError, load_config
 from .errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeoutError,
                      BadRequestError, ConflictError, ForbiddenError, GoneError, InvalidError,
                      K8sHttpError, NotFoundError, NotLeaderError, ProtocolError,
                      RedirectError, ServerError, TooManyRequestsError, TransportError,
-                     UnauthorizedError)
+                     UnauthorizedError, has_status_cause, is_namespace_terminating)
 from .events import EventRecorder
-from .flags import add_manager_flags, manager_options, new_parser, parse_duration, positive_int
+from .flags import (add_manager_flags, manager_options, new_parser, parse_duration, positive_int,
+                    with_flag_names)
 from .log import setup_logging
 from .manager import VERSION as __version__
 from .manager import Manager
+from .names import (is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_env_var_name,
+                    is_resource_name)
 from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES, PODS,
                       REPLICASETS, SECRETS, SERVICEACCOUNTS, SERVICES, ObjectKey, Resource,
                       add_finalizer, controller_of, get_condition, has_finalizer,
-                      is_controlled_by, key_of, owner_reference, remove_finalizer,
-                      rfc3339_now, set_condition, strip_managed_fields)
+                      is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
+                      resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
+from .quantity import parse_quantity, same_quantity
 from .runner import Result, TerminalError, queued_seconds
+from .store import Store
 from .watchproto import WatchEvent
 
 __all__ = [
-    "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "queued_seconds",
+    "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     "ApiError", "BadRequestError", "UnauthorizedError", "ForbiddenError", "NotFoundError",
     "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",
     "TooManyRequestsError", "ServerError", "RedirectError", "TransportError",
     "ApiConnectionError", "ApiTimeoutError", "ProtocolError", "NotLeaderError",
-    "K8sHttpError",
+    "K8sHttpError", "has_status_cause", "is_namespace_terminating",
     "CONFIGMAPS", "SERVICES", "EVENTS", "NAMESPACES", "PODS", "SECRETS", "SERVICEACCOUNTS",
     "DEPLOYMENTS", "REPLICASETS", "LEASES", "CRDS",
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
-    "strip_managed_fields", "rfc3339_now",
+    "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
+    "parse_quantity", "same_quantity", "needs_apply", "port_key", "with_config_hash",
+    "config_hash",
+    "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
+    "is_resource_name",
     "setup_logging", "EventRecorder",
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
+    "with_flag_names",
 ]

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .configerror import ConfigError, CredentialError, read_file
+from .configerror import ConfigError, CredentialError, read_file, setting
 from .credentials import CredentialSource, ExecCredential, StaticToken, TokenFile
 from .kubeconfig import read_kubeconfig
 from .tls import build_ssl_context, load_ca
@@ -206,20 +206,22 @@ def load_config(kubeconfig: str | None = None, *, context: str | None = None,
         existing = [p for p in listed if os.path.exists(p)]
         if not existing:
             raise ConfigError(f"$KUBECONFIG {env['KUBECONFIG']}", "none of these files exist",
-                              "fix $KUBECONFIG or pass --kubeconfig PATH")
+                              f"fix $KUBECONFIG or name a file with {setting('kubeconfig')}")
         return ClusterConfig(**read_kubeconfig(existing, context, env))
     if env.get("KUBERNETES_SERVICE_HOST") and env.get("KUBERNETES_SERVICE_PORT"):
         if context:
-            raise ConfigError("in-cluster", "--context only applies to a kubeconfig file",
-                              "drop --context, or pass --kubeconfig with the file to use")
+            raise ConfigError("in-cluster",
+                              f"{setting('context')} only applies to a kubeconfig file",
+                              f"drop {setting('context')}, or name the file to use with "
+                              f"{setting('kubeconfig')}")
         return _from_incluster(env, incluster_dir)
     home = home or env.get("HOME") or os.path.expanduser("~")
     default = os.path.join(home, ".kube", "config")
     if not os.path.exists(default):
         raise ConfigError(f"kubeconfig {default}",
-                          "no cluster configuration found (no --kubeconfig, $KUBECONFIG unset, "
-                          "not running in a cluster, and this file does not exist)",
-                          "pass --kubeconfig PATH or set $KUBECONFIG")
+                          f"no cluster configuration found (no {setting('kubeconfig')}, "
+                          "$KUBECONFIG unset, not running in a cluster, and this file does not "
+                          "exist)", f"name a file with {setting('kubeconfig')} or set $KUBECONFIG")
     return ClusterConfig(**read_kubeconfig([default], context, env))
 
 
@@ -236,7 +238,7 @@ def _from_incluster(env: Mapping[str, str], sa_dir: str) -> ClusterConfig:
     token_path = os.path.join(sa_dir, "token")
     ca_path = os.path.join(sa_dir, "ca.crt")
     mount_fix = ("mount the service-account token (automountServiceAccountToken: true), "
-                 "or pass --kubeconfig")
+                 f"or name a kubeconfig file with {setting('kubeconfig')}")
     for path, what in ((token_path, "token"), (ca_path, "CA certificate")):
         if not os.path.isfile(path):
             raise ConfigError("in-cluster", f"{what} file {path} not found", mount_fix)

@@ -4,20 +4,49 @@ Everything that reads configuration (kubeconfig, in-cluster files, credential
 plugins, TLS material) reports through `ConfigError`, so a command line can
 print it and exit 2 instead of showing a traceback. Messages never contain a
 token or a key.
+
+A message that names a setting the caller chose (an argument of `load_config`
+or `Manager`) writes it as `setting(name)`: the library cannot know whether the
+value came from a flag, a file or code. Shown as it is, the error names the
+argument (`kubeconfig=`); the layer that knows how the user spelled the setting
+renames it (`k8s_http.flags.with_flag_names`: `--kubeconfig`).
 """
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Mapping
+
 from .errors import K8sHttpError
 
-__all__ = ["ConfigError", "CredentialError", "one_line", "clip", "read_file"]
+__all__ = ["ConfigError", "CredentialError", "one_line", "clip", "read_file", "setting",
+           "name_settings"]
+
+# A setting's name travels in the message between two characters of Unicode's
+# private use area, which no path, environment value or kubeconfig field a
+# message quotes holds in practice (at worst such text would be re-spelled).
+_MARK = "\ue000"
+_SETTING = re.compile(f"{_MARK}([a-z_]+){_MARK}")
+
+
+def setting(name: str) -> str:
+    """How a message refers to the setting `name` (a load_config / Manager argument)."""
+    return f"{_MARK}{name}{_MARK}"
+
+
+def name_settings(text: str, names: Mapping[str, str] | None = None) -> str:
+    """`text` with each setting(name) spelled as `names` says, else as the argument `name=`."""
+    names = names or {}
+    return _SETTING.sub(lambda m: names.get(m.group(1), f"{m.group(1)}="), text)
 
 
 class ConfigError(K8sHttpError):
     """A configuration problem only the user can fix.
 
     str() is one line: ``<where>: <problem>; <fix>``, where `where` names the
-    file (or variable) at fault. It never contains a token or a key.
+    file (or variable, or setting) at fault. It never contains a token or a key.
+    The parts may name settings with `setting(name)`: see `with_setting_names`.
     """
 
     def __init__(self, where: str, problem: str, fix: str = ""):
@@ -25,9 +54,17 @@ class ConfigError(K8sHttpError):
         self.where = where
         self.problem = problem
         self.fix = fix
+        self.setting_names: Mapping[str, str] = {}
+
+    def with_setting_names(self, names: Mapping[str, str]) -> "ConfigError":
+        """A copy whose message spells setting(name) as names[name] (e.g. a flag)."""
+        renamed = copy.copy(self)
+        renamed.setting_names = dict(names)
+        return renamed
 
     def __str__(self) -> str:
-        return one_line(f"{self.where}: {self.problem}" + (f"; {self.fix}" if self.fix else ""))
+        text = f"{self.where}: {self.problem}" + (f"; {self.fix}" if self.fix else "")
+        return one_line(name_settings(text, self.setting_names))
 
 
 class CredentialError(ConfigError):

@@ -31,6 +31,8 @@ __all__ = [
     "NotLeaderError",
     "from_status",
     "is_too_large_resource_version",
+    "has_status_cause",
+    "is_namespace_terminating",
 ]
 
 # An error payload is evidence, not a log file: keep only this much of it.
@@ -206,7 +208,24 @@ def is_too_large_resource_version(err: BaseException) -> bool:
     """
     if not isinstance(err, ApiError) or err.code != 504:
         return False
-    for cause in err.details.get("causes") or []:
-        if isinstance(cause, dict) and cause.get("reason") == "ResourceVersionTooLarge":
-            return True
+    if has_status_cause(err, "ResourceVersionTooLarge"):
+        return True
     return "too large resource version" in err.message.lower()
+
+
+def has_status_cause(err: BaseException, reason: str) -> bool:
+    """The error's Status lists a cause with this reason (client-go's `HasStatusCause`).
+
+    A typed cause, not message text: messages change between versions and
+    languages, cause reasons are API.
+    """
+    if not isinstance(err, ApiError):
+        return False
+    return any(isinstance(cause, dict) and cause.get("reason") == reason
+               for cause in err.details.get("causes") or [])
+
+
+def is_namespace_terminating(err: BaseException) -> bool:
+    """A create refused because its namespace is being deleted: nothing can be created
+    there any more, so retrying is futile (client-go's controllers give up quietly)."""
+    return has_status_cause(err, "NamespaceTerminating")

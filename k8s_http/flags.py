@@ -4,15 +4,19 @@
     add_manager_flags(parser, "my-operator", version="1.2.3")
     args = parser.parse_args()
     setup_logging(args.log_level, args.log_format)
-    mgr = Manager(load_config(args.kubeconfig, context=args.context), "my-operator",
-                  **manager_options(args))
+    try:
+        mgr = Manager(load_config(args.kubeconfig, context=args.context), "my-operator",
+                      **manager_options(args))
+    except ConfigError as err:
+        parser.exit(2, f"my-operator: error: {with_flag_names(err)}\n")
 
 The flags are controller-runtime's (--metrics-bind-address, --leader-elect,
 ...) plus the cluster connection and logging. A bad value is one line naming
 the flag and exit code 2, never a traceback. The value parsers
 (`parse_duration`, `parse_bind_address`) are usable on their own and raise
 ValueError naming the value, not a flag: only argparse, which knows the flag,
-adds its name.
+adds its name. Likewise `load_config` and `Manager` name the argument a
+problem is about (`kubeconfig=`); `with_flag_names` turns that into the flag.
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ import math
 import re
 import sys
 
+from .configerror import ConfigError
 from .log import LEVEL_NAMES, LOG_FORMATS
+from .names import is_dns1123_label, is_dns1123_subdomain
 
 __all__ = [
     "new_parser",
     "add_manager_flags",
     "manager_options",
+    "with_flag_names",
+    "SETTING_FLAGS",
     "parse_duration",
     "parse_bind_address",
     "is_disabled",
@@ -45,9 +53,6 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
                    "h": 3600.0}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 # --------------------------------------------------------------------------
@@ -160,7 +165,7 @@ def non_negative_float(text: str) -> float:
 
 
 def namespace_name(text: str) -> str:
-    if len(text) > 63 or not _DNS1123_LABEL.match(text):
+    if not is_dns1123_label(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a namespace name: use at most 63 lowercase letters, digits "
             "and '-', starting and ending with a letter or digit")
@@ -168,7 +173,7 @@ def namespace_name(text: str) -> str:
 
 
 def lease_name(text: str) -> str:
-    if len(text) > 253 or not _DNS1123_SUBDOMAIN.match(text):
+    if not is_dns1123_subdomain(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a valid Lease name: use lowercase letters, digits, '-' and '.'")
     return text
@@ -285,3 +290,18 @@ def manager_options(args: argparse.Namespace) -> dict:
         graceful_shutdown_timeout_seconds=args.graceful_shutdown_timeout,
         metrics_secure=args.metrics_secure, metrics_cert_dir=args.metrics_cert_dir,
     )
+
+
+# The settings k8s_http's messages name (load_config and Manager arguments,
+# see configerror.setting) and the flags add_manager_flags gives them.
+SETTING_FLAGS = {
+    "kubeconfig": "--kubeconfig",
+    "context": "--context",
+    "metrics_secure": "--metrics-secure",
+    "metrics_cert_dir": "--metrics-cert-dir",
+}
+
+
+def with_flag_names(err: ConfigError) -> ConfigError:
+    """`err` as a command-line user reads it: the flags, where it names settings they set."""
+    return err.with_setting_names(SETTING_FLAGS)

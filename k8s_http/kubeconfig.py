@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from .configerror import ConfigError, clip, read_file
+from .configerror import ConfigError, clip, read_file, setting
 from .credentials import CredentialSource, ExecCredential, StaticToken, TokenFile, is_valid_token
 from .tls import load_ca, load_client_cert
 from .urls import parse_server, proxy_from_env
@@ -68,9 +68,10 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _parse_kubeconfig(path: str) -> dict:
-    fix = "fix the file, or pass --kubeconfig with another one"
+    fix = f"fix the file, or name another one with {setting('kubeconfig')}"
     where = f"kubeconfig {path}"
-    data = read_file(path, where, "file", "check the path (--kubeconfig or $KUBECONFIG)")
+    data = read_file(path, where, "file",
+                     f"check the path ({setting('kubeconfig')} or $KUBECONFIG)")
     try:
         doc = yaml.load(data, Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
@@ -137,13 +138,15 @@ def read_kubeconfig(paths: list[str], context: str | None,
     if not name:
         if not maps["contexts"]:
             raise ConfigError(where, "defines no contexts",
-                              "add a context, or point --kubeconfig at another file")
+                              f"add a context, or name another file with {setting('kubeconfig')}")
         raise ConfigError(where, f"no current-context is set (contexts: {names})",
-                          "pass --context with one of them, or run kubectl config use-context")
+                          f"pick one of them with {setting('context')}, or run kubectl config "
+                          "use-context")
     ctx = maps["contexts"].get(name)
     if ctx is None:
-        fix = ("pass --context with one of them" if context else
-               "pass --context with one of them, or run kubectl config use-context")
+        fix = f"pick one of them with {setting('context')}"
+        if not context:
+            fix += ", or run kubectl config use-context"
         raise ConfigError(where, f"context {name!r} not found (contexts: {names})", fix)
 
     cluster_name = ctx.str_field("cluster", "context")

@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError
+from .configerror import setting
 from .deletionwatch import DeletionWatches
 from .events import EventRecorder
 from .informer import Informer, own_key, owner_key
@@ -115,7 +116,7 @@ class Manager:
         disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry, process_collectors=registry is None)
-        self.metrics.build_info.info({"version": VERSION, "manager": name})
+        self.metrics.init_build_info(name, VERSION)
 
         self.client = ApiClient.from_config(config, qps=qps, burst=burst, metrics=self.metrics,
                                             user_agent=user_agent(name, _MAJOR_MINOR))
@@ -132,7 +133,6 @@ class Manager:
                 metrics=self.metrics, clock=clock)
             # Every write checks that the lease is still held.
             self.client.write_guard = self._elector.check
-            self.metrics.init_leader(lease_name)
 
         # Secure metrics: the TLS context is built now, so a missing or broken
         # certificate is a configuration error before anything starts. The
@@ -141,9 +141,10 @@ class Manager:
         self._metrics_tls: ssl.SSLContext | None = None
         self._metrics_auth: MetricsAuthorizer | None = None
         if metrics_cert_dir and not metrics_secure:
-            raise ConfigError("--metrics-cert-dir", "a certificate was given but "
-                              "--metrics-secure is off, so /metrics would be plain HTTP",
-                              "add --metrics-secure, or drop --metrics-cert-dir")
+            raise ConfigError(setting("metrics_cert_dir"), "a certificate directory was given "
+                              f"without {setting('metrics_secure')}, so /metrics would be "
+                              "plain HTTP", f"add {setting('metrics_secure')}, or drop "
+                              f"{setting('metrics_cert_dir')}")
         if metrics_secure and metrics_bind_address.strip() not in ("", "0"):
             if metrics_bind_address == health_probe_bind_address:
                 raise ConfigError(
@@ -227,7 +228,6 @@ class Manager:
                         log_context=functools.partial(reconcile_context, kind=resource.kind,
                                                       group=resource.group),
                         reconcile_timeout_seconds=reconcile_timeout_seconds)
-        self.metrics.init_controller(name, workers)
         self._controllers.append(_Controller(name, resource, queue, runner, primary, informers))
         self.healthz.add(f"workers-{name}", lambda r=runner: (r.threads_alive(),
                                                                "ok" if r.threads_alive()
@@ -243,9 +243,21 @@ class Manager:
                                  asynchronous=True)
         self._recorders.append((recorder, timeout_seconds))
         return recorder
+    def store_for(self, resource: Resource, label_selector: str | None = None) -> Store:
+        """The cache of `resource` (objects matching `label_selector`), created now if new.
+
+        For a reconciler to receive its caches before it is registered: a later
+        `add_controller` watching the same resource with the same selector (as
+        primary or in `owns` with `owns_label_selector`) shares this informer.
+        A cache no controller watches is still filled and counts for readiness.
+        """
+        if self._started:
+            raise RuntimeError("store_for() after start()")
+        return self._informer(resource, label_selector).store
 
     def store(self, resource: Resource, label_selector: str | None = None) -> Store:
-        """The cache of `resource`; with one informer per resource the selector may be omitted."""
+        """The existing cache of `resource`; with one informer per resource the selector
+        may be omitted. (`store_for` creates one.)"""
         informer = self._informers.get((resource, label_selector))
         if informer is None:
             matches = [i for (r, _), i in self._informers.items() if r == resource]
@@ -478,12 +490,13 @@ def _metrics_tls_context(cert_dir: str | None) -> ssl.SSLContext:
         cert, key = self_signed_cert(directory)
         context = server_tls_context(cert, key)
     except (OSError, RuntimeError, ValueError) as exc:
-        raise ConfigError("--metrics-secure", f"no certificate directory was given and a "
-                          f"self-signed certificate could not be made ({exc})",
-                          "pass --metrics-cert-dir with tls.crt and tls.key") from None
+        raise ConfigError(setting("metrics_secure"), "no certificate directory was given and "
+                          f"a self-signed certificate could not be made ({exc})",
+                          f"give one holding tls.crt and tls.key with "
+                          f"{setting('metrics_cert_dir')}") from None
     finally:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
     log.warning("secure metrics: serving a self-signed certificate (development only; "
-                "scrapers cannot verify it); use --metrics-cert-dir for a real one")
+                "scrapers cannot verify it); give a certificate directory for a real one")
     return context

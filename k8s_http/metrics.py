@@ -8,10 +8,13 @@ back, and tests need a fresh registry each.
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 
-__all__ = ["Metrics", "RECONCILE_RESULTS", "WATCH_RESTART_REASONS", "WATCH_EVENT_TYPES",
+__all__ = ["Metrics", "build_info_name", "RECONCILE_RESULTS", "WATCH_RESTART_REASONS",
+           "WATCH_EVENT_TYPES",
            "DECODE_ERROR_KINDS", "WORKQUEUE_BUCKETS", "exponential_buckets"]
 
 RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")
@@ -174,15 +177,24 @@ class Metrics:
             "Malformed watch input (framing, JSON, oversize lines, unknown events)",
             ["resource", "kind"], registry=r)
 
-        # my_controller_build_info{version, manager} 1: `version` is the
-        # package's, `manager` the name the Manager was given (the controller
-        # binary's name), so one Prometheus can tell several operators built on
-        # k8s_http apart.
-        self.build_info = Info("my_controller_build", "Build information: version and manager name",
-                               registry=r)
+        # <app>_build_info{version, manager} 1: named after the application,
+        # which only init_build_info knows (see there).
+        self.build_info: Info | None = None
 
     # Pre-setting known label values to 0 makes rate() and absent() work from
-    # the first scrape instead of after the first occurrence.
+    # the first scrape instead of after the first occurrence. Each init_* is
+    # called once, by the one component that owns its families: Manager
+    # (build info), Runner (controller), WorkQueue (workqueue), Informer
+    # (resource: for all of its watchers), LeaderElector (leader).
+    def init_build_info(self, app_name: str, version: str) -> None:
+        """`<app>_build_info{version, manager=app_name} 1`, the family named after the
+        application (my-controller exports my_controller_build_info): one
+        Prometheus tells several operators built on k8s_http apart by it."""
+        self.build_info = Info(build_info_name(app_name),
+                               "Build information: version and manager name",
+                               registry=self.registry)
+        self.build_info.info({"version": version, "manager": app_name})
+
     def init_controller(self, controller: str, workers: int) -> None:
         for result in RECONCILE_RESULTS:
             self.reconcile_total.labels(controller, result)
@@ -193,13 +205,16 @@ class Metrics:
         self.reconcile_time_seconds.labels(controller)
         self.max_concurrent_reconciles.labels(controller).set(workers)
         self.active_workers.labels(controller).set(0)
-        self.workqueue_depth.labels(controller, controller, "")
+
+    def init_workqueue(self, name: str) -> None:
+        """The queue's series; a controller's queue has the controller's name (both labels)."""
+        self.workqueue_depth.labels(name, name, "")
         for family in (self.workqueue_adds_total,
                        self.workqueue_retries_total, self.workqueue_queue_duration_seconds,
                        self.workqueue_work_duration_seconds,
                        self.workqueue_unfinished_work_seconds,
                        self.workqueue_longest_running_processor_seconds):
-            family.labels(controller, controller)
+            family.labels(name, name)
 
     def init_resource(self, resource: str) -> None:
         for type_ in WATCH_EVENT_TYPES:
@@ -215,3 +230,12 @@ class Metrics:
     def init_leader(self, lease_name: str) -> None:
         self.leader_election_master_status.labels(lease_name).set(0)
         self.leader_election_slowpath_total.labels(lease_name)
+
+
+def build_info_name(app_name: str) -> str:
+    """The build-info family for an application: "my-controller" -> "my_controller_build"
+    (exposed as my_controller_build_info). Characters a metric name cannot hold become "_"."""
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", app_name)
+    if not name or name[0].isdigit():
+        name = "_" + name
+    return f"{name}_build"

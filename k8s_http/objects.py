@@ -28,6 +28,8 @@ __all__ = [
     "TOKENREVIEWS",
     "SUBJECTACCESSREVIEWS",
     "key_of",
+    "meta_of",
+    "resource_version_of",
     "controller_of",
     "is_controlled_by",
     "owner_reference",
@@ -116,8 +118,20 @@ class ObjectKey:
         return cls(namespace, name)
 
 
+def meta_of(obj: dict | None) -> dict:
+    """The object's metadata; {} when the object or its metadata is missing or not a map."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def resource_version_of(obj: dict | None) -> str | None:
+    """metadata.resourceVersion, or None (no object, or none that is a string)."""
+    rv = meta_of(obj).get("resourceVersion")
+    return rv if isinstance(rv, str) else None
+
+
 def key_of(obj: dict) -> ObjectKey:
-    meta = obj.get("metadata") or {}
+    meta = meta_of(obj)
     return ObjectKey(meta.get("namespace") or "", meta.get("name") or "")
 
 
@@ -135,13 +149,18 @@ def is_controlled_by(obj: dict, owner: dict) -> bool:
     return bool(ref and uid and ref.get("uid") == uid)
 
 
-def owner_reference(owner: dict, *, controller: bool = True,
+def owner_reference(owner: dict, *, resource: Resource | None = None, controller: bool = True,
                     block_owner_deletion: bool = True) -> dict:
-    """An ownerReference pointing at `owner` (which must have apiVersion, kind, name, uid)."""
+    """An ownerReference pointing at `owner` (which must have name and uid).
+
+    apiVersion and kind come from `resource` when given, else from `owner`
+    itself: pass the resource for an object from a cache, which may lack them
+    (items of a list of a built-in type do not carry them).
+    """
     meta = owner["metadata"]
     return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
+        "apiVersion": resource.api_version if resource is not None else owner["apiVersion"],
+        "kind": resource.kind if resource is not None else owner["kind"],
         "name": meta["name"],
         "uid": meta["uid"],
         "controller": controller,

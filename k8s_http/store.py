@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
+from .objects import resource_version_of as _rv
 
 __all__ = ["Store", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_owner_uid"]
 
@@ -30,12 +31,6 @@ __all__ = ["Store", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_own
 # It must be a pure function of the object: the Store recomputes it to un-file an
 # old object instead of remembering what it returned.
 Indexer = Callable[[dict], Iterable[str]]
-
-
-def _rv(obj: dict | None) -> str | None:
-    meta = (obj or {}).get("metadata")
-    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
-    return rv if isinstance(rv, str) else None
 
 
 def index_namespace(obj: dict) -> list[str]:

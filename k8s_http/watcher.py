@@ -348,8 +348,9 @@ class Watcher:
         self._stall_timeout_seconds = stall_timeout_seconds
         self._page_size = page_size
         self._backoff = backoff if backoff is not None else Backoff(clock=clock, rng=rng)
+        # Its series are pre-set once per resource by the Informer, which owns the
+        # label for all of its watchers (one per namespace).
         self._label = str(resource)
-        self._metrics.init_resource(self._label)
 
         self._state: State = INITIAL
         self.has_synced = False

@@ -100,6 +100,7 @@ class _Queue:
 
         self.metrics = metrics if metrics is not None else Metrics()
         m, labels = self.metrics, (name, name)
+        m.init_workqueue(name)
         self._m_depth = m.workqueue_depth.labels(*labels, "")
         self._m_adds = m.workqueue_adds_total.labels(*labels)
         self._m_retries = m.workqueue_retries_total.labels(*labels)

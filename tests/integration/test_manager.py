@@ -185,3 +185,30 @@ def test_events_are_posted_from_their_own_thread_and_flushed_on_stop(server):
     assert all(e["source"]["component"] == "test" for e in events)
     assert recorder._sender is not None and recorder._sender.name == "event-sender"
     assert recorder.event(events[0], "Normal", "Late", "after stop") is False
+def test_a_reconciler_gets_its_caches_before_it_is_registered(server):
+    """store_for() makes the cache before add_controller; the controller's own watches
+    (primary, and owned kinds under the same selector) share it: one informer each."""
+    server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "a"}, "data": {}})
+    uid = server.get_object(CONFIGMAPS.path(NS, "a"))["metadata"]["uid"]
+    svc = _owned_service("svc", "a", uid)
+    svc["metadata"]["labels"] = {"mine": "yes"}
+    server.create_object(SERVICES.path(NS), svc)
+    mgr = _manager(server)
+    configmaps, services = mgr.store_for(CONFIGMAPS), mgr.store_for(SERVICES, "mine=yes")
+    seen = []
+
+    def reconcile(key):
+        seen.append((configmaps.get(key) is not None,
+                     services.get(ObjectKey(NS, "svc")) is not None))
+
+    mgr.add_controller(CONFIGMAPS, reconcile, owns=[SERVICES], owns_label_selector="mine=yes",
+                       workers=1)
+    assert mgr.store(CONFIGMAPS) is configmaps and mgr.store(SERVICES, "mine=yes") is services
+    assert len(mgr._informers) == 2
+    mgr.start()
+    try:
+        eventually(lambda: (True, True) in seen, message=f"the reconcile saw {seen}")
+        with pytest.raises(RuntimeError, match="after start"):
+            mgr.store_for(CONFIGMAPS)
+    finally:
+        assert mgr.stop() == 0

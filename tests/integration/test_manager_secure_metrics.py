@@ -18,8 +18,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from k8s_http import CONFIGMAPS, ConfigError, Manager
-from k8s_http.objects import LEASES
+from k8s_http import CONFIGMAPS, ConfigError, Manager, with_flag_names
+from k8s_http.objects import LEASES, SUBJECTACCESSREVIEWS, TOKENREVIEWS
 from tests.e2e.operator_process import free_port
 from tests.support.certs import test_pki
 from tests.support.wait import eventually
@@ -124,12 +124,18 @@ def test_configuration_errors_name_the_fix(apiserver, tmp_path):
                 registry=CollectorRegistry())
     assert "address of its own" in str(info.value)
 
-    # A certificate without --metrics-secure would leave /metrics open: refused.
+    # A certificate without --metrics-secure would leave /metrics open: refused. The
+    # Manager names its arguments; a command line built on k8s_http.flags, its flags.
     with pytest.raises(ConfigError) as info:
         Manager(apiserver.config(), "x", metrics_bind_address="127.0.0.1:0",
                 health_probe_bind_address="0", metrics_cert_dir=str(tmp_path),
                 registry=CollectorRegistry())
-    assert "--metrics-secure" in str(info.value)
+    assert str(info.value) == (
+        "metrics_cert_dir=: a certificate directory was given without metrics_secure=, so "
+        "/metrics would be plain HTTP; add metrics_secure=, or drop metrics_cert_dir=")
+    assert str(with_flag_names(info.value)) == (
+        "--metrics-cert-dir: a certificate directory was given without --metrics-secure, so "
+        "/metrics would be plain HTTP; add --metrics-secure, or drop --metrics-cert-dir")
 
     # Metrics disabled: nothing to secure, no certificate needed.
     Manager(apiserver.config(), "x", metrics_bind_address="0", metrics_secure=True,

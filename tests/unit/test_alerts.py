@@ -97,8 +97,9 @@ def test_promtool_check_metrics_on_our_exposition(promtool):
     registry = CollectorRegistry()
     metrics = Metrics(registry, process_collectors=True)
     metrics.init_controller("my", 4)
+    metrics.init_workqueue("my")
     metrics.init_resource("my.mine.jp")
     metrics.init_leader("my-controller")
-    metrics.build_info.info({"version": "0.1.0", "manager": "my-controller"})
+    metrics.init_build_info("my-controller", "0.1.0")
     proc = run(promtool, "check", "metrics", stdin=generate_latest(registry).decode())
     assert proc.returncode == 0, proc.stdout + proc.stderr

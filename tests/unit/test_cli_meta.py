@@ -1,4 +1,5 @@
-"""`--version` and `make help`: the two small promises of issue 14."""
+"""`--version` and `make help` (the two small promises of issue 14), and configuration
+errors that name the flags the user has (the library names its arguments)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,12 @@ def test_make_help_prints_dollar_signs_once():
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert "demo" in out and "$KUBECONFIG" in out
     assert "$$" not in out, out
+
+
+def test_a_configuration_error_names_the_flag(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(controller, "setup_logging", lambda *a, **k: None)
+    rc = controller.main(["--kubeconfig", str(tmp_path / "missing")])
+    assert rc == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("my-controller: error: kubeconfig ") and "not found" in line
+    assert line.endswith("check the path (--kubeconfig or $KUBECONFIG)"), line

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from k8s_http import credentials as credmod
 from k8s_http import tls as tlsmod
+from k8s_http import with_flag_names
 from k8s_http.config import (
     ClusterConfig,
     ConfigError,
@@ -159,10 +160,18 @@ def make_plugin(tmp_path, *, clock=None, timeout_seconds=30.0, api_version=V1, *
 
 def assert_one_line(err: ConfigError, *needles):
     text = str(err)
-    assert "\n" not in text
+    assert "\n" not in text and "\ue000" not in text      # settings are named
     assert SECRET not in text and "STDOUT-SECRET" not in text
     for needle in needles:
         assert needle in text, (needle, text)
+
+
+def assert_names_setting(err: ConfigError, argument: str, flag: str):
+    """The library names load_config's argument; a command line built with
+    add_manager_flags shows its flag instead (with_flag_names)."""
+    assert argument in str(err) and "--" not in str(err), str(err)
+    assert_one_line(with_flag_names(err), flag)
+    assert argument not in str(with_flag_names(err))
 
 
 # --------------------------------------------------------------------------
@@ -219,7 +228,10 @@ def test_home_config_last(tmp_path):
 def test_nothing_configured(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(env=BASE_ENV, home=str(tmp_path))
-    assert_one_line(e.value, str(tmp_path / ".kube" / "config"), "--kubeconfig")
+    assert_one_line(e.value, str(tmp_path / ".kube" / "config"))
+    assert_names_setting(e.value, "kubeconfig=", "--kubeconfig")
+    assert str(with_flag_names(e.value)).endswith(
+        "name a file with --kubeconfig or set $KUBECONFIG")
 
 
 def test_kubeconfig_env_skips_missing_files_but_not_all(tmp_path):
@@ -235,7 +247,8 @@ def test_kubeconfig_env_skips_missing_files_but_not_all(tmp_path):
 def test_explicit_missing_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(str(tmp_path / "nope"))
-    assert_one_line(e.value, str(tmp_path / "nope"), "not found", "--kubeconfig")
+    assert_one_line(e.value, str(tmp_path / "nope"), "not found")
+    assert_names_setting(e.value, "kubeconfig=", "--kubeconfig")
 
 
 # --------------------------------------------------------------------------
@@ -484,7 +497,8 @@ def test_context_flag_not_found_lists_contexts(tmp_path):
     path = write(tmp_path / "kc", kubeconfig_doc())
     with pytest.raises(ConfigError) as e:
         load(path, context="prod")
-    assert_one_line(e.value, path, "context 'prod' not found (contexts: ctx)", "--context")
+    assert_one_line(e.value, path, "context 'prod' not found (contexts: ctx)")
+    assert_names_setting(e.value, "context=", "--context")
 
 
 def test_directory_instead_of_file(tmp_path):
@@ -561,7 +575,10 @@ def test_in_cluster_bad_port_empty_token_and_context_flag(sa_dir):
     assert_one_line(e.value, "KUBERNETES_SERVICE_PORT", "not a port")
     with pytest.raises(ConfigError) as e:
         load_config(env=INCLUSTER_ENV, incluster_dir=str(sa_dir), context="x")
-    assert_one_line(e.value, "--context")
+    assert_names_setting(e.value, "context=", "--context")
+    assert str(with_flag_names(e.value)) == (
+        "in-cluster: --context only applies to a kubeconfig file; drop --context, or name the "
+        "file to use with --kubeconfig")
     (sa_dir / "token").write_text("")
     with pytest.raises(ConfigError) as e:
         load_config(env=INCLUSTER_ENV, incluster_dir=str(sa_dir))

@@ -13,14 +13,13 @@ import os
 import pathlib
 import subprocess
 import sys
-from fractions import Fraction
 
 import pytest
 
 import controller
 from controller import (
     MY, MyReconciler, desired_status, needs_apply,
-    parse_quantity, render_deployment, render_service, status_changed, validate_my,
+    render_deployment, render_service, status_changed, validate_my,
     validate_spec,
 )
 from k8s_http import (
@@ -68,12 +67,18 @@ class FakeManager:
         self.stores = {MY: Store(), DEPLOYMENTS: Store(), SERVICES: Store()}
         self.deletion_watches: dict[tuple[str, ObjectKey], ObjectKey] = {}
         self.deletion_watch_limit = 100
+        self.cache_selectors: dict = {}
 
     def store(self, resource):
         return self.stores[resource]
 
+    def store_for(self, resource, label_selector=None):
+        self.cache_selectors[resource] = label_selector
+        return self.stores[resource]
+
     def event_recorder(self, component):
         # Synchronous, so a test sees the Event as soon as the reconcile returns.
+        self.recorder_component = component
         return EventRecorder(self.client, component=component, instance="test")
 
     def watch_for_deletion(self, resource, key, owner, controller=None):
@@ -122,7 +127,15 @@ def reconciler(mgr, clock):
     # each event 1000 s apart: the rate limit stays out of the way
     recorder = EventRecorder(mgr.client, component="my-controller", instance="test",
                              clock=FakeClock(0.0, tick=1000.0))
-    return MyReconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z", clock=clock)
+    return new_reconciler(mgr, recorder=recorder, now=lambda: "2026-01-01T00:00:00Z",
+                          clock=clock)
+
+
+def new_reconciler(mgr, **options):
+    """A MyReconciler on the fake manager's caches, client and deletion watches (the
+    stores mapping is shared, so `mgr.forget` reaches the reconciler)."""
+    return MyReconciler(mgr.client, mgr.stores, watch_for_deletion=mgr.watch_for_deletion,
+                        cancel_deletion_watches=mgr.cancel_deletion_watches, **options)
 
 
 def held(seconds):
@@ -207,18 +220,6 @@ def test_names_that_cannot_name_a_service_are_invalid(name):
 def test_validate_my_includes_the_spec():
     assert validate_my(make_my()) == []
     assert any("spec.port" in p for p in validate_my(make_my({"image": "a", "port": 0})))
-
-
-@pytest.mark.parametrize("a, b", [("1000m", "1"), ("1", 1), ("0.5", "500m"), ("1Gi", "1024Mi"),
-                                  ("1k", "1000"), ("1e3", "1k"), ("100m", ".1"), ("+1", "1")])
-def test_quantities_compare_by_value(a, b):
-    assert parse_quantity(a) == parse_quantity(b)
-
-
-def test_parse_quantity_values():
-    assert parse_quantity("250m") == Fraction(1, 4)
-    assert parse_quantity("2Ki") == 2048
-    assert parse_quantity("3u") == Fraction(3, 10**6)
 
 
 # ---------------------------------------------------------------------------
@@ -705,7 +706,7 @@ def test_while_the_deployment_controller_answers_late_the_status_is_not_held(clo
     end of a long queue): the first status goes out with the children, as SPEC says."""
     hold = controller.STATUS_COALESCE_SECONDS
     mgr = FakeManager()
-    reconciler = MyReconciler(mgr, now=lambda: "T", clock=clock)
+    reconciler = new_reconciler(mgr, now=lambda: "T", clock=clock)
     for name, answer_after in (("slow-1", 10 * hold), ("slow-2", 10 * hold)):
         key = ObjectKey("default", name)
         mgr.client.put(MY, make_my(name=name))
@@ -1131,14 +1132,10 @@ def test_parse_duration_rejects(text):
 def test_main_wires_the_flags_into_the_manager(monkeypatch):
     seen = {}
 
-    class Mgr:
+    class Mgr(FakeManager):
         def __init__(self, config, name, **kwargs):
-            seen.update(config=config, name=name, kwargs=kwargs)
-            self.client = InMemoryApiClient()
-
-        def event_recorder(self, component):
-            seen.update(recorder_component=component)
-            return EventRecorder(self.client, component=component)
+            super().__init__()
+            seen.update(config=config, name=name, kwargs=kwargs, mgr=self)
 
         def add_controller(self, resource, reconcile, **kwargs):
             seen.update(resource=resource, reconcile=reconcile, controller=kwargs)
@@ -1165,7 +1162,15 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
                                   qps=5.0, burst=10, graceful_shutdown_timeout_seconds=60.0,
                                   metrics_secure=True, metrics_cert_dir="/certs")
     assert seen["resource"] == MY and isinstance(seen["reconcile"], MyReconciler)
-    assert seen["recorder_component"] == "my-controller"   # the manager's recorder, sent async
+    assert seen["mgr"].recorder_component == "my-controller"   # the manager's recorder (async)
+    # the reconciler reads the caches the controller's watches fill: My unselected,
+    # the children under the owned watches' selector
+    selector = "app.kubernetes.io/managed-by=my-controller"
+    assert seen["mgr"].cache_selectors == {MY: None, DEPLOYMENTS: selector, SERVICES: selector}
+    seen["mgr"].client.put(MY, make_my())
+    seen["mgr"].sync()
+    seen["reconcile"](KEY)
+    assert seen["mgr"].client.obj(DEPLOYMENTS) is not None      # written through its client
     assert seen["controller"] == dict(
         owns=[DEPLOYMENTS, SERVICES],
         owns_label_selector="app.kubernetes.io/managed-by=my-controller", workers=2)
@@ -1174,10 +1179,10 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
 def test_main_defaults(monkeypatch):
     seen = {}
 
-    class Mgr:
+    class Mgr(FakeManager):
         def __init__(self, config, name, **kwargs):
+            super().__init__()
             seen.update(kwargs)
-            self.client = None
 
         def event_recorder(self, component):
             return EventRecorder(self.client, component=component)

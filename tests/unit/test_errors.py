@@ -129,3 +129,17 @@ def test_retry_after_is_carried():
 ])
 def test_is_too_large_resource_version(err, expected):
     assert is_too_large_resource_version(err) is expected
+
+
+def test_status_causes_are_read_in_one_place():
+    from k8s_http.errors import from_status, has_status_cause, is_namespace_terminating
+    body = {"kind": "Status", "reason": "Forbidden", "message": "unable to create new content in "
+            "namespace x because it is being terminated",
+            "details": {"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]}}
+    err = from_status(403, body)
+    assert has_status_cause(err, "NamespaceTerminating") and is_namespace_terminating(err)
+    assert not has_status_cause(err, "FieldValueInvalid")
+    # the message alone is not the cause: messages change, cause reasons are API
+    body["details"] = {}
+    assert not is_namespace_terminating(from_status(403, body))
+    assert not is_namespace_terminating(ValueError("namespace is being terminated"))

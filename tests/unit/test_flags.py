@@ -59,3 +59,31 @@ def test_the_manager_names_the_application_in_its_user_agent():
     mgr = Manager(ClusterConfig(server="http://127.0.0.1:9"), "demo-operator",
                   metrics_bind_address="0", health_probe_bind_address="0")
     assert mgr.client.transport.user_agent == "demo-operator/0.1 (python; k8s_http)"
+
+
+def test_the_settings_library_messages_name_are_flags_of_add_manager_flags():
+    """with_flag_names renames only what the flags really set: each setting is a
+    load_config or Manager argument, and add_manager_flags' flag stores into it."""
+    from k8s_http import load_config
+    from k8s_http.flags import SETTING_FLAGS
+    parser = _parser()
+    dests = {a.option_strings[0]: a.dest for a in parser._actions if a.option_strings}
+    arguments = (set(inspect.signature(load_config).parameters)
+                 | set(inspect.signature(Manager).parameters))
+    for name, flag in SETTING_FLAGS.items():
+        assert dests[flag] == name and name in arguments, (name, flag)
+
+
+def test_a_message_names_the_argument_or_with_flag_names_the_flag():
+    from k8s_http import ConfigError, with_flag_names
+    from k8s_http.configerror import setting
+    err = ConfigError(setting("metrics_cert_dir"), f"needs {setting('metrics_secure')}",
+                      f"set {setting('metrics_secure')} or {setting('other')}")
+    assert str(err) == ("metrics_cert_dir=: needs metrics_secure=; set metrics_secure= or "
+                        "other=")
+    shown = with_flag_names(err)
+    assert str(shown) == ("--metrics-cert-dir: needs --metrics-secure; set --metrics-secure or "
+                          "other=")
+    assert str(err).startswith("metrics_cert_dir=")          # the original is unchanged
+    assert type(shown) is ConfigError and shown.args == err.args
+

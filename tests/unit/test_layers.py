@@ -17,8 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 
 LAYERS = {
-    "errors": 0, "objects": 0, "defaults": 0,
-    "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
+    "errors": 0, "objects": 0, "defaults": 0, "quantity": 0, "names": 0,
+    "applydiff": 1, "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
     "credentials": 2, "tls": 2, "urls": 2, "stream": 2, "flags": 2,
     "kubeconfig": 3,
     "config": 4,
@@ -111,7 +111,7 @@ def test_import_pulls_in_no_third_party_http_library_and_has_no_side_effects():
 
 EXPECTED_API = [
     # running controllers
-    "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "queued_seconds",
+    "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",
     # talking to the apiserver
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     # errors
@@ -119,16 +119,23 @@ EXPECTED_API = [
     "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",
     "TooManyRequestsError", "ServerError", "RedirectError", "TransportError",
     "ApiConnectionError", "ApiTimeoutError", "ProtocolError", "NotLeaderError",
-    "K8sHttpError",
+    "K8sHttpError", "has_status_cause", "is_namespace_terminating",
     # resources
     "CONFIGMAPS", "SERVICES", "EVENTS", "NAMESPACES", "PODS", "SECRETS", "SERVICEACCOUNTS",
     "DEPLOYMENTS", "REPLICASETS", "LEASES", "CRDS",
     # object helpers
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
-    "strip_managed_fields", "rfc3339_now",
+    "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
+    # quantities, and whether a server-side apply would change an object
+    "parse_quantity", "same_quantity", "needs_apply", "port_key", "with_config_hash",
+    "config_hash",
+    # the apiserver's name rules
+    "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
+    "is_resource_name",
     # logging and events
     "setup_logging", "EventRecorder",
     # command line: the standard manager flags
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
+    "with_flag_names",
 ]

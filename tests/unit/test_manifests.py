@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 import controller
 from k8s_http.metrics import Metrics
+from k8s_http.names import ENV_VAR_NAME
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -326,7 +327,7 @@ def test_crd_bounds_and_defaults_match_the_controller():
     env = props["env"]
     assert env["maxItems"] == controller.MAX_ENV
     assert env["x-kubernetes-list-type"] == "map" and env["x-kubernetes-list-map-keys"] == ["name"]
-    assert env["items"]["properties"]["name"]["pattern"] == controller._ENV_NAME.pattern
+    assert env["items"]["properties"]["name"]["pattern"] == ENV_VAR_NAME.pattern
 
 
 def _structural(schema: dict, where: str = "") -> None:
@@ -397,9 +398,10 @@ def exported_metric_names() -> set[str]:
     registry = CollectorRegistry()
     metrics = Metrics(registry, process_collectors=True)
     metrics.init_controller("my", 4)
+    metrics.init_workqueue("my")
     metrics.init_resource("my.mine.jp")
     metrics.init_leader("my-controller")
-    metrics.build_info.info({"version": "test"})
+    metrics.init_build_info("my-controller", "test")
     names = set()
     suffixes = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_sum", "_count",
                                                                  "_created"],
@@ -598,9 +600,10 @@ def test_readme_metrics_table_is_what_the_code_exports():
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     metrics.init_controller("my", 4)
+    metrics.init_workqueue("my")
     metrics.init_resource("my.mine.jp")
     metrics.init_leader("my-controller")
-    metrics.build_info.info({"version": "0.1.0", "manager": "my-controller"})
+    metrics.init_build_info("my-controller", "0.1.0")
     metrics.rest_client_requests_total.labels("200", "GET", "h")
     metrics.rest_client_request_duration_seconds.labels("GET", "h")
     exported = {}

@@ -125,6 +125,7 @@ def exported() -> dict[str, object]:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     metrics.init_controller("my", 4)
+    metrics.init_workqueue("my")
     metrics.init_leader("my-controller")
     metrics.rest_client_requests_total.labels("200", "GET", "h")
     metrics.rest_client_request_duration_seconds.labels("GET", "h")

@@ -1,0 +1,63 @@
+"""Each metric family is pre-set once, by the component that owns it, and the
+build-info family is named after the application, not after my-controller."""
+
+import collections
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from k8s_http import CONFIGMAPS, DEPLOYMENTS, SERVICES, ClusterConfig, Manager
+from k8s_http.metrics import Metrics, build_info_name
+
+
+@pytest.fixture
+def init_calls(monkeypatch):
+    """(method, label) -> how many times a Metrics.init_* ran with it."""
+    calls = collections.Counter()
+    for method in ("init_build_info", "init_controller", "init_workqueue", "init_resource",
+                   "init_leader"):
+        original = getattr(Metrics, method)
+
+        def counting(self, label, *args, _method=method, _original=original):
+            calls[(_method, label)] += 1
+            return _original(self, label, *args)
+        monkeypatch.setattr(Metrics, method, counting)
+    return calls
+
+
+def test_a_manager_pre_sets_each_family_once(init_calls):
+    mgr = Manager(ClusterConfig(server="http://127.0.0.1:1"), "my-controller",
+                  namespaces=["a", "b"], leader_elect=True, leader_election_namespace="sys",
+                  metrics_bind_address="0", health_probe_bind_address="0",
+                  registry=CollectorRegistry())
+    mgr.store_for(DEPLOYMENTS, "x=y")
+    mgr.add_controller(CONFIGMAPS, lambda key: None, owns=[DEPLOYMENTS, SERVICES],
+                       owns_label_selector="x=y", workers=2)
+    for informer in mgr._informers.values():      # one watcher per namespace each
+        informer.start()
+        informer.stop()
+    assert dict(init_calls) == {
+        ("init_build_info", "my-controller"): 1,
+        ("init_leader", "my-controller"): 1,
+        ("init_controller", "configmap"): 1,
+        ("init_workqueue", "configmap"): 1,
+        ("init_resource", "configmaps"): 1,
+        ("init_resource", "deployments.apps"): 1,
+        ("init_resource", "services"): 1,
+    }
+
+
+@pytest.mark.parametrize("app, family", [
+    ("my-controller", "my_controller_build"), ("widget-controller", "widget_controller_build"),
+    ("web.example", "web_example_build"), ("9lives", "_9lives_build"), ("", "__build"),
+])
+def test_the_build_info_family_is_named_after_the_application(app, family):
+    assert build_info_name(app) == family
+
+
+def test_my_controller_still_exports_my_controller_build_info():
+    registry = CollectorRegistry()
+    Metrics(registry).init_build_info("my-controller", "0.1.0")
+    exposition = generate_latest(registry).decode()
+    assert 'my_controller_build_info{manager="my-controller",version="0.1.0"} 1.0' in exposition
+    assert "widget" not in exposition
