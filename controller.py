@@ -29,11 +29,13 @@ module imports only the standard library and the ``k8s_http`` package root.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import errno
 import json
 import logging
 import sys
+import threading
 import time
 from fractions import Fraction
 from typing import Callable, Mapping, NamedTuple
@@ -162,6 +164,10 @@ CONFLICT_RECHECK_SECONDS = 60.0
 # queue's own delay, and within STATUS_COALESCE_SECONDS when it is idle.
 STATUS_COALESCE_SECONDS = 0.5
 STATUS_HOLD_CAP_SECONDS = 10.0
+
+# How many My versions' validation and rendered children are remembered (a
+# bounded memory, whatever the number of My objects; see MyReconciler._desired).
+RENDER_MEMO_SIZE = 1024
 # Weight of the newest sample in the running estimate of how long the
 # Deployment controller takes to answer (an exponentially weighted mean).
 ANSWER_TIME_WEIGHT = 0.2
@@ -729,6 +735,9 @@ class MyReconciler:
         # not the strings: one int per My at scale; a false match needs a 64-bit
         # collision for the same key.
         self._settled: dict[ObjectKey, int] = {}
+        # (key, uid, resourceVersion) -> (problems, rendered children): see _desired.
+        self._rendered: collections.OrderedDict = collections.OrderedDict()
+        self._rendered_lock = threading.Lock()
 
     def __call__(self, key: ObjectKey) -> Result | None:
         # The store answers with our own last write until its watch brings it.
@@ -757,7 +766,7 @@ class MyReconciler:
             # Being deleted (maybe in the foreground, children first): do not recreate them.
             return None
 
-        problems = validate_my(my)
+        problems, desired = self._desired(key, my)
         if problems:
             # Children are left as they are; no retry until the generation changes
             # (the My's update event brings us back). The same generation gives the
@@ -778,9 +787,8 @@ class MyReconciler:
 
         changes: list[tuple[str, Resource]] = []      # ("Created" | "Updated", kind)
         try:
-            for resource, render in self.CHILDREN:
-                live = self._ensure_child(key, my, resource, render(my), lives[resource],
-                                          changes)
+            for (resource, _), want in zip(self.CHILDREN, desired):
+                live = self._ensure_child(key, my, resource, want, lives[resource], changes)
                 if isinstance(live, _Blocked):
                     return live.result
                 lives[resource] = live
@@ -836,6 +844,32 @@ class MyReconciler:
         return deployment
 
     # -- children -------------------------------------------------------
+
+    def _desired(self, key: ObjectKey, my: dict) -> tuple[list[str], tuple[dict, ...]]:
+        """validate_my(my), and the children rendered when it finds nothing.
+
+        Remembered for the last RENDER_MEMO_SIZE versions of My objects: a new My
+        is reconciled a second time when its Deployment's controller answers, from
+        the same My version, and validating and rendering (with the canonical JSON
+        of the config hash) was a fifth of a burst's CPU. Same version, same
+        object, same answer. Callers must not modify what is returned.
+        """
+        version = (key, meta_of(my).get("uid"), resource_version_of(my))
+        if version[2] is not None:
+            with self._rendered_lock:
+                remembered = self._rendered.get(version)
+                if remembered is not None:
+                    self._rendered.move_to_end(version)
+                    return remembered
+        problems = validate_my(my)
+        answer = problems, (() if problems else
+                            tuple(render(my) for _, render in self.CHILDREN))
+        if version[2] is not None:
+            with self._rendered_lock:
+                self._rendered[version] = answer
+                while len(self._rendered) > RENDER_MEMO_SIZE:
+                    self._rendered.popitem(last=False)
+        return answer
 
     @staticmethod
     def _has_acted_on(my: dict) -> bool:

@@ -139,6 +139,9 @@ class Transport:
         self._server_port = url.port or (443 if self._https else 80)
         self._base_path = url.path.rstrip("/")
         self.host = url.netloc          # "127.0.0.1:6443": the metrics label
+        # (code, method) -> the two labelled request metrics (see _count); a dict
+        # read or insert is atomic under the GIL, a racing insert only repeats labels().
+        self._request_metrics: dict[tuple[str, str], tuple] = {}
         self._server_hostname = config.tls_server_name or url.hostname
         self._proxy = urlsplit(config.proxy_url) if config.proxy_url else None
 
@@ -340,9 +343,15 @@ class Transport:
                                 f"{encoding[:40]!r}, which was never asked for")
 
     def _count(self, code: str, method: str, started: float) -> None:
-        self.metrics.rest_client_requests_total.labels(code, method, self.host).inc()
-        self.metrics.rest_client_request_duration_seconds.labels(method, self.host).observe(
-            time.monotonic() - started)
+        # The labelled children are looked up once per (code, method): labels()
+        # takes a lock and builds a tuple on every call, per request.
+        children = self._request_metrics.get((code, method))
+        if children is None:
+            children = self._request_metrics[(code, method)] = (
+                self.metrics.rest_client_requests_total.labels(code, method, self.host),
+                self.metrics.rest_client_request_duration_seconds.labels(method, self.host))
+        children[0].inc()
+        children[1].observe(time.monotonic() - started)
 
     @staticmethod
     def _raise_classified(err: BaseException, method: str, path: str):

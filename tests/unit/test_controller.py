@@ -506,11 +506,15 @@ def test_converged_reconciles_write_nothing(mgr, reconciler):
 
 
 def _counting_renders(monkeypatch, reconciler):
-    """Count the reconciles that got past the settled check (each renders the children)."""
+    """Count the reconciles that got past the settled check (each asks for the children
+    the My should have)."""
     renders = []
-    children = tuple((resource, (lambda my, r=render: renders.append(1) or r(my)))
-                     for resource, render in reconciler.CHILDREN)
-    monkeypatch.setattr(reconciler, "CHILDREN", children)
+    desired = reconciler._desired
+
+    def counted(key, my):
+        renders.append(key)
+        return desired(key, my)
+    monkeypatch.setattr(reconciler, "_desired", counted)
     return renders
 
 
@@ -519,18 +523,18 @@ def test_an_echo_of_our_own_writes_costs_no_reconcile(mgr, reconciler, monkeypat
     observe_rollout(mgr)
     renders = _counting_renders(monkeypatch, reconciler)
     assert reconciler(KEY) is None                  # writes the status
-    assert len(renders) == 2 and mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert len(renders) == 1 and mgr.client.writes() == [("patch_status", "my", "foobar")]
     mgr.client.reset()
     # The watch brings our own writes back (same resourceVersions): nothing to do,
     # and nothing is even rendered.
     mgr.sync()
     assert reconciler(KEY) is None and reconciler(KEY) is None
-    assert len(renders) == 2 and mgr.client.calls == []
+    assert len(renders) == 1 and mgr.client.calls == []
     # The Deployment controller's next answer is a new version: reconciled, reported.
     set_deployment_status(mgr, replicas=1, readyReplicas=1, updatedReplicas=1)
     mgr.sync()
     assert reconciler(KEY) is None
-    assert len(renders) == 4 and mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert len(renders) == 2 and mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert mgr.client.obj(MY)["status"]["readyReplicas"] == 1
 
 
@@ -575,7 +579,7 @@ def test_echoes_during_a_hold_cost_no_reconcile_and_keep_the_window(mgr, reconci
     assert renders == [] and mgr.client.calls == []
     observe_rollout(mgr)                             # the answer: a new version, reported
     assert reconciler(KEY) is None
-    assert len(renders) == 2 and mgr.client.writes() == [("patch_status", "my", "foobar")]
+    assert len(renders) == 1 and mgr.client.writes() == [("patch_status", "my", "foobar")]
 
 
 def test_a_held_status_is_never_taken_as_settled(mgr, reconciler, clock):
@@ -1429,3 +1433,24 @@ def test_a_webhook_that_puts_the_entry_back_is_left_alone_after_one_try(mgr, rec
         mgr.client.reset()
         reconciler(KEY)
         assert mgr.client.writes() == []
+
+
+def test_validation_and_rendering_are_remembered_per_my_version_and_bounded(
+        mgr, reconciler, monkeypatch):
+    calls = []
+    real_validate = controller.validate_my
+    monkeypatch.setattr(controller, "validate_my", lambda my: calls.append(1) or real_validate(my))
+    my = mgr.stores[MY].get(KEY)
+    first = reconciler._desired(KEY, my)
+    assert reconciler._desired(KEY, my) is first and len(calls) == 1
+    newer = copy.deepcopy(my)
+    newer["metadata"]["resourceVersion"] = "999"
+    newer["spec"]["replicas"] = 5
+    problems, (deployment, _service) = reconciler._desired(KEY, newer)
+    assert problems == [] and deployment["spec"]["replicas"] == 5 and len(calls) == 2
+    monkeypatch.setattr(controller, "RENDER_MEMO_SIZE", 3)
+    for rv in range(10):
+        other = copy.deepcopy(my)
+        other["metadata"]["resourceVersion"] = f"r{rv}"
+        reconciler._desired(KEY, other)
+    assert len(reconciler._rendered) == 3
