@@ -86,7 +86,7 @@ class FakeClient:
         return stream
 
 
-def run(script, *, on_event=None, on_sync=None):
+def run(script, *, on_event=None, on_sync=None, streaming_list=False):
     stop = FakeStop()
     client = FakeClient(stop, script)
     events, syncs = [], []
@@ -99,7 +99,7 @@ def run(script, *, on_event=None, on_sync=None):
     w = Watcher(client, DEPLOYMENTS, namespace="ns",
                 on_sync=on_sync or default_sync,
                 on_event=on_event or (lambda t, o: events.append((t, o["metadata"]["name"]))),
-                metrics=metrics, rng=lambda: 0.5)
+                metrics=metrics, rng=lambda: 0.5, streaming_list=streaming_list)
     w.run(stop)
     return w, client, events, syncs, stop, metrics
 
@@ -150,27 +150,23 @@ def test_drop_rewatches_from_last_rv_without_relisting():
     assert events == [("ADDED", "b"), ("MODIFIED", "b")]
 
 
-def test_gone_relists_and_delivers_vanished_as_deleted():
-    store = {}
-
-    def on_sync(items):
-        names = {o["metadata"]["name"] for o in items}
-        vanished = [o for n, o in store.items() if n not in names]
-        store.clear()
-        store.update({o["metadata"]["name"]: o for o in items})
-        return vanished
-
+def test_gone_relists_and_hands_the_new_list_to_on_sync_only():
+    syncs = []
     events = []
     w, client, _, _, _, _ = run([
         ("list", listing("10", "a", "b")),
         ("watch", [GoneError(410, "expired")]),
         ("list", GoneError(410, "expired")),
         ("list", listing("30", "b")),
-    ], on_sync=on_sync, on_event=lambda t, o: events.append((t, o["metadata"]["name"])))
+    ], on_sync=lambda items: syncs.append(sorted(o["metadata"]["name"] for o in items)),
+        on_event=lambda t, o: events.append((t, o["metadata"]["name"])))
     assert calls(client)[:4] == [("list", None), ("watch", "10"), ("list", "10"), ("list", None)]
     # Consistent lists are paged; a relist from an RV is one unpaged "not older than" read.
     assert [kw["limit"] for verb, kw in client.calls if verb == "list"] == [500, None, 500]
-    assert events == [("DELETED", "a")]
+    # One-way: the relist goes to on_sync, which deletes what vanished itself;
+    # nothing comes back through on_event.
+    assert syncs == [["a", "b"], ["b"]]
+    assert events == []
     assert calls(client)[4] == ("watch", "30")
 
 
@@ -189,7 +185,8 @@ def test_rv_advances_only_after_delivery_and_handler_errors_do_not_kill_the_loop
         ("watch", [Ev("ADDED", obj("boom", "11")), Ev("ADDED", obj("ok", "12")),
                    ProtocolError("bad line")]),
     ])
-    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=on_event)
+    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: None, on_event=on_event,
+                streaming_list=False)
     w_ref.append(w)
     w.run(stop)
     # While an event is being handled, the RV is still the previous one.
@@ -226,7 +223,8 @@ def test_malformed_list_is_retried_not_watched():
 def test_stop_closes_the_open_stream():
     stop = FakeStop()
     client = FakeClient(stop, [])
-    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=lambda t, o: None)
+    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: None, on_event=lambda t, o: None,
+                streaming_list=False)
     stream = FakeStream([])
     w._stream = stream             # as if a watch were open
     w.stop()
@@ -236,7 +234,8 @@ def test_stop_closes_the_open_stream():
 def test_a_rerun_resumes_from_its_state():
     stop = FakeStop()
     client = FakeClient(stop, [("list", listing("7")), ("watch", [Ev("ADDED", obj("a", "8"))])])
-    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: [], on_event=lambda t, o: None)
+    w = Watcher(client, DEPLOYMENTS, on_sync=lambda items: None, on_event=lambda t, o: None,
+                streaming_list=False)
     w.run(stop)
     assert w.state == Watching("8", 0, False) or w.state.resource_version == "8"
     stop2 = FakeStop()
