@@ -51,9 +51,10 @@ Streaming list, the rules that differ (state `Streaming`):
   the RV was not ""). Any other failure (drop, stall, 5xx, 403 ...) streams
   again from the same RV: at once the first time, with backoff when it repeats,
   always with backoff for an error status. The stream restarts from scratch, so
-  failures are not cleared by initial events (a stream cut at the same place
-  every time must not loop hot); stalls are counted as on a watch and cleared by
-  an initial event.
+  initial events are no progress toward a list: they clear neither failures (a
+  stream cut at the same place every time must not loop hot) nor stalls (a
+  stream that stalls after its first objects every time fails liveness, as a
+  silent watch does); the end bookmark clears both.
 * /readyz: the watcher is synced only at the end bookmark.
 """
 
@@ -125,7 +126,8 @@ class Streaming:
     """A streaming list from `resource_version` ("" = the current state, a
     consistent read; else not older than it) is due or under way: initial
     events are being collected. `failures`, `progressed` and `stalls` as in
-    `Watching`, except that initial events do not clear `failures`."""
+    `Watching`, except that initial events clear neither `failures` nor
+    `stalls`: only a completed list (the end bookmark) is progress."""
     resource_version: str = ""
     failures: int = 0
     progressed: bool = False
@@ -452,7 +454,7 @@ def _step_initial_event(state: Streaming, inp: Event) -> tuple[list[Action], Sta
     if not meta.get("name"):
         return [Skip("no_name")], state
     return ([Collect(inp.object), Progress()],
-            Streaming(state.resource_version, state.failures, True, stalls=0))
+            Streaming(state.resource_version, state.failures, True, stalls=state.stalls))
 
 
 def _fall_back(state: Streaming, reason: str,

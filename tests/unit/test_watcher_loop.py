@@ -6,7 +6,8 @@ the client stops the loop when its script runs out.
 
 from prometheus_client import CollectorRegistry
 
-from k8s_http.errors import ApiConnectionError, ForbiddenError, GoneError, ProtocolError
+from k8s_http.errors import (ApiConnectionError, ForbiddenError, GoneError, InvalidError,
+                             ProtocolError)
 from k8s_http.metrics import Metrics
 from k8s_http.objects import DEPLOYMENTS
 from k8s_http.watcher import Listing, Watcher, Watching
@@ -245,3 +246,106 @@ def test_a_rerun_resumes_from_its_state():
     w.run(stop2)
     assert calls(client)[0] == ("watch", "8")   # no relist after a restart
     assert not isinstance(w.state, Listing)
+
+
+# ---- streaming list --------------------------------------------------------------
+
+def end_bookmark(rv):
+    return Ev("BOOKMARK", {"metadata": {"resourceVersion": rv,
+                                        "annotations": {"k8s.io/initial-events-end": "true"}}})
+
+
+def streamed(client):
+    """The watch calls that asked for a streaming list."""
+    return [kw for verb, kw in client.calls if verb == "watch" and kw.get("send_initial_events")]
+
+
+def test_streaming_list_fills_the_cache_at_the_end_bookmark_and_the_same_stream_goes_on():
+    seen_synced = []
+
+    def on_sync(items):
+        seen_synced.append(sorted(o["metadata"]["name"] for o in items))
+
+    w, client, events, _, _, metrics = run([
+        ("watch", [Ev("ADDED", obj("a", "3")), Ev("ADDED", obj("b", "4")), end_bookmark("10"),
+                   Ev("MODIFIED", obj("a", "11"))]),
+    ], on_sync=on_sync, streaming_list=True)
+    # One request: a streaming list from the current state (no RV), with bookmarks.
+    (first,) = streamed(client)
+    assert first["resource_version"] is None and first["allow_bookmarks"] is True
+    assert client.calls[0][0] == "watch"
+    assert seen_synced == [["a", "b"]] and w.has_synced
+    # Initial objects reach the cache through on_sync only; after the bookmark,
+    # events are delivered as on any watch.
+    assert events == [("MODIFIED", "a")]
+    # The stream then ended cleanly: a plain watch from the last RV, not a relist.
+    assert calls(client)[1] == ("watch", "11") and not client.calls[1][1].get(
+        "send_initial_events")
+    assert sample(metrics, "k8s_http_informer_relists_total", resource="deployments.apps") == 1
+
+
+def test_not_synced_until_the_end_bookmark():
+    syncs = []
+    w, client, _, _, _, _ = run([
+        ("watch", [Ev("ADDED", obj("a", "3")), Ev("ADDED", obj("b", "4"))]),
+    ], on_sync=syncs.append, streaming_list=True)
+    # The stream dropped (script exhausted) before the end bookmark: nothing swapped in.
+    assert syncs == [] and not w.has_synced
+
+
+def test_a_drop_during_the_initial_stream_streams_again_from_scratch():
+    syncs = []
+    w, client, _, _, stop, _ = run([
+        ("watch", [Ev("ADDED", obj("a", "3")), ApiConnectionError("reset")]),
+        ("watch", [Ev("ADDED", obj("b", "4")), end_bookmark("10")]),
+    ], on_sync=lambda items: syncs.append(sorted(o["metadata"]["name"] for o in items)),
+        streaming_list=True)
+    assert [kw["resource_version"] for kw in streamed(client)] == [None, None]
+    # The half set of the first attempt was dropped: only b.
+    assert syncs == [["b"]] and w.has_synced
+    assert stop.waits == []            # the first drop streams again at once
+
+
+def test_collected_objects_are_transformed_one_by_one():
+    stop = FakeStop()
+    client = FakeClient(stop, [("watch", [Ev("ADDED", dict(obj("a", "3"), junk="x" * 100)),
+                                          end_bookmark("10")])])
+    got = []
+    w = Watcher(client, DEPLOYMENTS, on_sync=got.extend, on_event=lambda t, o: None,
+                list_transform=lambda o: {k: v for k, v in o.items() if k != "junk"})
+    w.run(stop)
+    assert got == [obj("a", "3")]
+
+
+def test_a_refusing_apiserver_costs_one_refused_request_then_lists_page_by_page():
+    refused = InvalidError(422, "sendInitialEvents is forbidden for watch unless the WatchList "
+                           "feature gate is enabled", reason="Invalid")
+    syncs = []
+    w, client, _, _, stop, _ = run([
+        ("watch", refused),
+        ("list", listing("10", "a")),
+        ("watch", [GoneError(410, "expired")]),
+        ("list", listing("20", "a", "b")),
+        ("watch", [Ev("ADDED", obj("c", "21"))]),
+    ], on_sync=lambda items: syncs.append(len(items)), streaming_list=True)
+    assert [v for v, _ in client.calls][:5] == ["watch", "list", "watch", "list", "watch"]
+    assert len(streamed(client)) == 1
+    # The fallback list is at once (no backoff), and consistent (no RV).
+    assert client.calls[1][1]["resource_version"] is None and client.calls[1][1]["limit"] == 500
+    assert syncs == [1, 2] and stop.waits == []
+    assert isinstance(w.state, Watching) and not w.state.stream
+
+
+def test_an_apiserver_that_ignores_the_parameters_is_detected_by_its_plain_bookmark():
+    syncs = []
+    w, client, events, _, _, _ = run([
+        # An old apiserver: a plain watch from "now", which sends the state as ADDED
+        # too, then its periodic bookmark, which has no initial-events-end annotation.
+        ("watch", [Ev("ADDED", obj("a", "3")), Ev("BOOKMARK", {"metadata": {
+            "resourceVersion": "9"}})]),
+        ("list", listing("9", "a")),
+        ("watch", []),
+    ], on_sync=lambda items: syncs.append(len(items)), streaming_list=True)
+    assert [v for v, _ in client.calls][:3] == ["watch", "list", "watch"]
+    assert syncs == [1] and events == []
+    assert client.stop.flag
