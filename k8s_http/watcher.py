@@ -42,8 +42,9 @@ Streaming list, the rules that differ (state `Streaming`):
   gate off answers 422 "sendInitialEvents is forbidden for watch unless the
   WatchList feature gate is enabled"), or shows that it ignored the parameters
   (an older apiserver does not know them: its watch sends no end bookmark, so
-  the first plain BOOKMARK, a MODIFIED or DELETED event, or the stream ending
-  before the end bookmark gives it away). The collected set is dropped and a
+  the first plain BOOKMARK, a MODIFIED or DELETED event, the stream ending
+  before the end bookmark, or -- where it sends no bookmarks either -- the
+  stream stalling twice in a row gives it away). The collected set is dropped and a
   paged list made at once, from the same RV; every later relist of this Watcher
   is paged (`Watching.stream` False), so a refusing apiserver costs one refused
   request per Watcher, not one per relist.
@@ -89,7 +90,7 @@ __all__ = [
     # the machine
     "step", "resume", "Watcher",
     "MIN_WATCH_TIMEOUT_SECONDS", "MAX_WATCH_TIMEOUT_SECONDS", "STALL_TIMEOUT_SECONDS",
-    "STALLS_UNHEALTHY", "INITIAL_EVENTS_END",
+    "STALLS_UNHEALTHY", "STREAM_STALLS_FALLBACK", "INITIAL_EVENTS_END",
 ]
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,10 @@ STALL_TIMEOUT_SECONDS = WATCH_STALL_TIMEOUT_SECONDS
 # /healthz fails once a watch has gone this many stall periods in a row
 # without progress while its connections succeed (SPEC.md section 4).
 STALLS_UNHEALTHY = 3
+# A streaming list that stalls this many times in a row falls back to paged
+# lists (fewer than STALLS_UNHEALTHY: an apiserver that ignores streaming and
+# sends no bookmarks must not cost the process its liveness).
+STREAM_STALLS_FALLBACK = 2
 
 DELIVERED_TYPES = ("ADDED", "MODIFIED", "DELETED")
 # The annotation on the BOOKMARK that ends a streaming list's initial events.
@@ -430,6 +435,13 @@ def _step_streaming(state: Streaming, inp: Input) -> tuple[list[Action], State]:
         failures = state.failures + 1
         stalls = state.stalls + (inp.reason == "stall")
         actions: list[Action] = [Restart(inp.reason, inp.error)]
+        if stalls >= STREAM_STALLS_FALLBACK:
+            # A streaming apiserver sends the end bookmark right after the state;
+            # silence instead, twice, is an apiserver that ignored the parameters
+            # and sends no bookmarks (some aggregated APIs): streaming again would
+            # stall for ever and fail liveness. A paged list works everywhere.
+            fallback, listing = _fall_back(state, "the initial events stalled twice", inp.error)
+            return actions + fallback, listing
         if failures >= 2 or inp.reason not in ("disconnect", "stall", "protocol"):
             actions.append(Sleep())
         return actions + [StreamList(rv)], Streaming(rv, failures, stalls=stalls)
