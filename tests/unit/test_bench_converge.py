@@ -1,4 +1,4 @@
-"""bench/converge.py's and bench/watch_decode.py's pure parts: request counting, aggregation,
+"""bench/converge.py's, bench/watch_decode.py's and bench/startup_list.py's pure parts: request counting,
 goals, profile buckets, the generated watch-decoding section.
 
 The benchmark itself needs the control plane and kopf's venv (`make bench`);
@@ -174,3 +174,14 @@ def test_nearest_rank_quantile_is_a_measured_value():
     values = [float(v) for v in range(1, 1001)]
     assert _quantile(values, 0.99) == 990.0 and _quantile(values, 0.5) == 500.0
     assert _quantile([3.0], 0.99) == 3.0
+
+
+def test_startup_list_table_takes_the_best_run_per_mode_and_their_ratio():
+    import startup_list
+    runs = [{"mode": "streaming", "kind": "bare", "seconds": 2.0, "cpu_seconds": 0.3},
+            {"mode": "streaming", "kind": "bare", "seconds": 1.0, "cpu_seconds": 0.4},
+            {"mode": "paged", "kind": "bare", "seconds": 4.0, "cpu_seconds": 0.5}]
+    md = startup_list.table(runs, 20000)
+    assert "| bare client, time to receive all (s) | 1.0 | 4.0 | 0.25x |" in md
+    assert "| bare client, CPU (s) | 0.3 | 0.5 | 0.60x |" in md
+    assert "| informer, time to synced (s) | None | None | - |" in md
