@@ -1,5 +1,6 @@
-"""bench/converge.py's, bench/watch_decode.py's and bench/startup_list.py's pure parts: request counting,
-goals, profile buckets, the generated watch-decoding section.
+"""The pure parts of bench/converge.py, bench/watch_decode.py and bench/startup_list.py:
+request counting, aggregation, goals, profile buckets, the generated watch-decoding
+section, the start-up list table.
 
 The benchmark itself needs the control plane and kopf's venv (`make bench`);
 these tests only pin the arithmetic its report rests on.
