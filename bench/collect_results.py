@@ -8,7 +8,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "leader", "image", "footprint",
-            "controlplane", "soak"]
+            "controlplane", "soak", "startup_list"]
 
 
 def main() -> None:

@@ -130,11 +130,24 @@ class ApiClient:
               label_selector: str | None = None, field_selector: str | None = None,
               resource_version: str | None = None, allow_bookmarks: bool = True,
               timeout_seconds: float | None = None,
-              stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS) -> "WatchStream":
+              stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS,
+              send_initial_events: bool = False) -> "WatchStream":
+        """A watch from `resource_version` ("" or None: from now, with the current state).
+
+        `send_initial_events`: a streaming list (client-go's WatchList): the
+        server first sends the state not older than `resource_version` as
+        ADDED events, then a BOOKMARK annotated `k8s.io/initial-events-end:
+        "true"`, then carries on as a watch. It needs bookmarks, so they are
+        requested whatever `allow_bookmarks` says. An apiserver without the
+        feature refuses it (422) or ignores it (see watcher.py).
+        """
         path = resource.path(namespace if resource.namespaced else None)
         query = {"watch": "1", "labelSelector": label_selector,
                  "fieldSelector": field_selector, "resourceVersion": resource_version,
-                 "allowWatchBookmarks": "true" if allow_bookmarks else None,
+                 "allowWatchBookmarks": "true" if allow_bookmarks or send_initial_events
+                 else None,
+                 "sendInitialEvents": "true" if send_initial_events else None,
+                 "resourceVersionMatch": "NotOlderThan" if send_initial_events else None,
                  "timeoutSeconds": str(int(timeout_seconds)) if timeout_seconds else None}
         stream = self.transport.stream(path, query=query,
                                        read_timeout_seconds=stall_timeout_seconds)

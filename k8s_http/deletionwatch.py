@@ -127,10 +127,9 @@ class _NameInformer(Informer):
         self._key = key
         self._on_gone = on_gone
 
-    def _on_sync(self, namespace: str | None, items: list) -> list[dict]:
-        vanished = super()._on_sync(namespace, items)
+    def _on_sync(self, namespace: str | None, items: list) -> None:
+        super()._on_sync(namespace, items)
         self._check()
-        return vanished
 
     def _on_event(self, type_: str, obj: dict) -> None:
         super()._on_event(type_, obj)

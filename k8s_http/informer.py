@@ -86,7 +86,8 @@ class Informer:
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
                  stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
-                 backoff_factory: Callable[[], Backoff] | None = None):
+                 backoff_factory: Callable[[], Backoff] | None = None,
+                 streaming_list: bool = True):
         self.resource = resource
         self.store = Store(transform=transform)
         self._metrics = metrics if metrics is not None else Metrics()
@@ -115,7 +116,7 @@ class Informer:
                 on_event=self._on_event, metrics=self._metrics, clock=clock, rng=rng,
                 stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
                 backoff=backoff_factory() if backoff_factory else None,
-                list_transform=transform)
+                list_transform=transform, streaming_list=streaming_list)
         self._threads: dict[str | None, threading.Thread] = {}
         # Read at scrape time. One informer per resource in practice (the
         # manager keys them by resource and label selector).
@@ -147,7 +148,10 @@ class Informer:
                 count += 1
         return count
 
-    def _on_sync(self, namespace: str | None, items: list) -> list[dict]:
+    def _on_sync(self, namespace: str | None, items: list) -> None:
+        # One way: the store replaces (deleting what vanished), and the keys of
+        # both the listed and the vanished objects go to the queues from here;
+        # nothing goes back to the watcher.
         vanished = self.store.replace(items, namespace=namespace)
         self._metrics.cache_objects.labels(self._label).set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
@@ -156,15 +160,15 @@ class Informer:
                   else self.store.by_index("namespace", namespace))
         for obj in listed:
             self._enqueue(obj)
-        return vanished      # the watcher delivers these as DELETED
+        for obj in vanished:
+            self._enqueue(obj)
 
     def _on_event(self, type_: str, obj: dict) -> None:
         if type_ == "DELETED":
             old = self.store.delete(obj)
             new = obj
         else:
-            old = self.store.upsert(obj)
-            new = self.store.get(key_of(obj)) or obj   # the transformed object
+            old, new = self.store.upsert(obj)      # new: the transformed object stored
         self._metrics.cache_objects.labels(self._label).set(len(self.store))
         # Map the old object too: when an ownerReference changes, both owners care.
         self._enqueue(new, old)

@@ -168,8 +168,9 @@ class Store:
         if entry is not None and (rv is None or rv not in entry[0]):
             del self._written[key]
 
-    def upsert(self, obj: dict) -> dict | None:
-        """Add or replace `obj` (transformed); returns the object it replaced, if any."""
+    def upsert(self, obj: dict) -> tuple[dict | None, dict]:
+        """Add or replace `obj` (transformed); returns (the object it replaced or None,
+        the object stored), so a caller needs no second read to see what it stored."""
         obj = self._transform(obj)
         key = key_of(obj)
         values = self._index_values(obj)  # may raise: nothing has changed yet
@@ -180,7 +181,7 @@ class Store:
             self._objects[key] = obj
             self._file_locked(key, values)
             self._observe_locked(key, _rv(obj))
-            return old
+            return old, obj
 
     def delete(self, obj_or_key: dict | ObjectKey) -> dict | None:
         """Remove by key (or by the key of an object); returns the removed object, if any."""
@@ -194,6 +195,10 @@ class Store:
 
     def replace(self, objects: Iterable[dict], *, namespace: str | None = None) -> list[dict]:
         """Atomically make the store hold exactly `objects`; returns the objects that vanished.
+
+        The vanished objects are deleted here, for good: they are returned only
+        for the caller to notify about (an informer enqueues their keys), never
+        to be deleted again.
 
         With `namespace`, only that namespace is replaced and the rest is kept:
         an informer with one watcher per namespace shares one store, and each

@@ -8,6 +8,15 @@ wire into inputs, and feeds them back.
 
 The rules are client-go's reflector, with kube-rs's "a disconnect re-watches":
 
+* A list is a streaming list where the apiserver offers it (client-go's
+  WatchList; on by default since Kubernetes 1.34): one watch request with
+  sendInitialEvents=true, resourceVersionMatch=NotOlderThan and bookmarks. Its
+  initial ADDED events are collected into a fresh set, one object at a time
+  (never a whole parsed list or page); the BOOKMARK annotated
+  `k8s.io/initial-events-end: "true"` ends them: the store is replaced by that
+  set at once, the watcher is synced, and the same stream goes on as the watch
+  from the bookmark's RV. Where the apiserver does not offer it, the list is
+  the paged list below, and stays so for this Watcher (see "Falling back").
 * The first list is a consistent read (RV=""); the watch then starts from the
   list's resourceVersion, with bookmarks and a random timeoutSeconds in [300, 600].
 * A watch the server ends cleanly re-watches at once from the last RV. A dropped,
@@ -25,6 +34,29 @@ The rules are client-go's reflector, with kube-rs's "a disconnect re-watches":
 * BOOKMARK moves the RV and is never delivered.
 * The RV advances only once an event has been delivered; malformed input never
   advances it.
+
+Streaming list, the rules that differ (state `Streaming`):
+
+* Falling back: the apiserver refuses the request (400, 422, or a status whose
+  message names sendInitialEvents: an apiserver of 1.27-1.33 with the WatchList
+  gate off answers 422 "sendInitialEvents is forbidden for watch unless the
+  WatchList feature gate is enabled"), or shows that it ignored the parameters
+  (an older apiserver does not know them: its watch sends no end bookmark, so
+  the first plain BOOKMARK, a MODIFIED or DELETED event, the stream ending
+  before the end bookmark, or -- where it sends no bookmarks either -- the
+  stream stalling twice in a row gives it away). The collected set is dropped and a
+  paged list made at once, from the same RV; every later relist of this Watcher
+  is paged (`Watching.stream` False), so a refusing apiserver costs one refused
+  request per Watcher, not one per relist.
+* 410 or "too large resource version" streams again from RV "" (no backoff when
+  the RV was not ""). Any other failure (drop, stall, 5xx, 403 ...) streams
+  again from the same RV: at once the first time, with backoff when it repeats,
+  always with backoff for an error status. The stream restarts from scratch, so
+  initial events are no progress toward a list: they clear neither failures (a
+  stream cut at the same place every time must not loop hot) nor stalls (a
+  stream that stalls after its first objects every time fails liveness, as a
+  silent watch does); the end bookmark clears both.
+* /readyz: the watcher is synced only at the end bookmark.
 """
 
 from __future__ import annotations
@@ -49,16 +81,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     # states
-    "Listing", "Watching", "State", "INITIAL",
+    "Listing", "Streaming", "Watching", "State", "INITIAL", "INITIAL_STREAMING",
     # inputs
     "Listed", "Event", "Closed", "Failed", "Input", "failure",
     # actions
-    "List", "Watch", "Replace", "Deliver", "Progress", "Restart", "ListError", "Skip", "Sleep",
-    "Action",
+    "List", "Watch", "StreamList", "Replace", "Collect", "ReplaceCollected", "FallBack",
+    "Deliver", "Progress", "Restart", "ListError", "Skip", "Sleep", "Action",
     # the machine
     "step", "resume", "Watcher",
     "MIN_WATCH_TIMEOUT_SECONDS", "MAX_WATCH_TIMEOUT_SECONDS", "STALL_TIMEOUT_SECONDS",
-    "STALLS_UNHEALTHY",
+    "STALLS_UNHEALTHY", "STREAM_STALLS_FALLBACK", "INITIAL_EVENTS_END",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,8 +105,14 @@ STALL_TIMEOUT_SECONDS = WATCH_STALL_TIMEOUT_SECONDS
 # /healthz fails once a watch has gone this many stall periods in a row
 # without progress while its connections succeed (SPEC.md section 4).
 STALLS_UNHEALTHY = 3
+# A streaming list that stalls this many times in a row falls back to paged
+# lists (fewer than STALLS_UNHEALTHY: an apiserver that ignores streaming and
+# sends no bookmarks must not cost the process its liveness).
+STREAM_STALLS_FALLBACK = 2
 
 DELIVERED_TYPES = ("ADDED", "MODIFIED", "DELETED")
+# The annotation on the BOOKMARK that ends a streaming list's initial events.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 # ---- states -------------------------------------------------------------------
@@ -89,6 +127,19 @@ class Listing:
 
 
 @dataclass(frozen=True)
+class Streaming:
+    """A streaming list from `resource_version` ("" = the current state, a
+    consistent read; else not older than it) is due or under way: initial
+    events are being collected. `failures`, `progressed` and `stalls` as in
+    `Watching`, except that initial events clear neither `failures` nor
+    `stalls`: only a completed list (the end bookmark) is progress."""
+    resource_version: str = ""
+    failures: int = 0
+    progressed: bool = False
+    stalls: int = 0
+
+
+@dataclass(frozen=True)
 class Watching:
     """A watch from `resource_version`, the RV of the last fully processed event.
 
@@ -99,15 +150,19 @@ class Watching:
     timeout, with no progress since; only an event, a bookmark or a list
     (which leaves this state) clears it, so a refused connection, a 5xx or a
     clean close between two stalls neither counts nor hides them.
+    `stream`: a relist is a streaming list (else a paged one); False for good
+    once the apiserver has shown it does not stream lists.
     """
     resource_version: str
     failures: int = 0
     progressed: bool = False
     stalls: int = 0
+    stream: bool = False
 
 
-State = Union[Listing, Watching]
+State = Union[Listing, Streaming, Watching]
 INITIAL: State = Listing("")
+INITIAL_STREAMING: State = Streaming("")
 
 
 # ---- inputs -------------------------------------------------------------------
@@ -174,9 +229,38 @@ class Watch:
 
 
 @dataclass(frozen=True)
+class StreamList:
+    """Open a streaming list (a watch that first sends the state) from this RV."""
+    resource_version: str
+
+
+@dataclass(frozen=True)
 class Replace:
-    """Replace the cache with a fresh list; deliver what vanished as DELETED; synced."""
+    """Replace the cache with a fresh list (what vanished is deleted); synced."""
     items: list = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Collect:
+    """Add one initial object of a streaming list to the fresh set being built."""
+    object: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ReplaceCollected:
+    """Replace the cache with the fresh set the Collects built (then empty it); synced."""
+
+
+@dataclass(frozen=True)
+class _Reasoned:
+    """An action about something that went wrong: why, and the error if there was one."""
+    reason: str
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class FallBack(_Reasoned):
+    """The apiserver does not stream lists: drop the fresh set, log it; a paged list follows."""
 
 
 @dataclass(frozen=True)
@@ -191,16 +275,13 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class Restart:
+class Restart(_Reasoned):
     """A watch ended and is reopened (or replaced by a list): count and log it."""
-    reason: str
-    error: BaseException | None = None
 
 
 @dataclass(frozen=True)
-class ListError:
-    reason: str
-    error: BaseException | None = None
+class ListError(_Reasoned):
+    """A list failed: log it; what follows (a Sleep, a List) says how it is retried."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +295,8 @@ class Sleep:
     """Wait for the next backoff delay (interruptible by stop)."""
 
 
-Action = Union[List, Watch, Replace, Deliver, Progress, Restart, ListError, Skip, Sleep]
+Action = Union[List, Watch, StreamList, Replace, Collect, ReplaceCollected, FallBack, Deliver,
+               Progress, Restart, ListError, Skip, Sleep]
 
 
 # ---- the machine ------------------------------------------------------------------
@@ -223,15 +305,25 @@ def resume(state: State) -> list[Action]:
     """The I/O that (re)starts a loop in `state`: a restarted thread resumes, it does not relist."""
     if isinstance(state, Listing):
         return [List(state.resource_version)]
+    if isinstance(state, Streaming):
+        return [StreamList(state.resource_version)]
     return [Watch(state.resource_version)]
 
 
 def step(state: State, inp: Input) -> tuple[list[Action], State]:
     """The whole transition table. Pure: same state and input, same answer."""
+    if isinstance(inp, Event) and isinstance(state, (Watching, Streaming)):
+        screened = _screen(inp)
+        if isinstance(screened, Skip):
+            return [screened], state
+        if isinstance(screened, Failed):
+            inp = screened
     if isinstance(state, Listing):
         return _step_listing(state, inp)
     if isinstance(state, Watching):
         return _step_watching(state, inp)
+    if isinstance(state, Streaming):
+        return _step_streaming(state, inp)
     raise TypeError(f"not a watcher state: {state!r}")
 
 
@@ -265,13 +357,14 @@ def _step_watching(state: Watching, inp: Input) -> tuple[list[Action], State]:
         actions: list[Action] = [Restart("timeout"), Progress()]
         if failures >= 2:
             actions.append(Sleep())
-        return actions + [Watch(rv)], Watching(rv, failures, stalls=state.stalls)
+        return actions + [Watch(rv)], Watching(rv, failures, stalls=state.stalls,
+                                                stream=state.stream)
     if isinstance(inp, Failed):
-        if inp.reason == "gone":
-            # Our RV was compacted away: relist not older than it (410 again -> RV="").
-            return [Restart("gone", inp.error), List(rv)], Listing(rv)
-        if inp.reason == "too_large_rv":
-            return [Restart("too_large_rv", inp.error), List("")], Listing("")
+        if inp.reason in ("gone", "too_large_rv"):
+            # gone: our RV was compacted away: relist not older than it (410 again
+            # -> RV=""). too_large_rv: our RV is ahead of this apiserver: RV="".
+            io, relisting = _relist(rv if inp.reason == "gone" else "", state.stream)
+            return [Restart(inp.reason, inp.error)] + io, relisting
         failures = 0 if state.progressed else state.failures
         failures += 1
         stalls = state.stalls + (inp.reason == "stall")
@@ -281,30 +374,120 @@ def _step_watching(state: Watching, inp: Input) -> tuple[list[Action], State]:
         # once would get the same answer.
         if failures >= 2 or inp.reason == "error":
             actions.append(Sleep())
-        return actions + [Watch(rv)], Watching(rv, failures, stalls=stalls)
+        return actions + [Watch(rv)], Watching(rv, failures, stalls=stalls, stream=state.stream)
     raise TypeError(f"{type(inp).__name__} while watching")
 
 
-def _step_event(state: Watching, inp: Event) -> tuple[list[Action], State]:
+def _relist(rv: str, stream: bool) -> tuple[list[Action], State]:
+    """The I/O and the state of a relist from `rv`, streaming or paged."""
+    if stream:
+        return [StreamList(rv)], Streaming(rv)
+    return [List(rv)], Listing(rv)
+
+
+def _screen(inp: Event) -> Failed | Skip | None:
+    """What every event goes through first: an ERROR becomes a failure, malformed
+    input a Skip; what passes has a dict object with metadata and a valid RV."""
     obj = inp.object
     if inp.type == "ERROR":
         # WatchStream raises ERROR events itself; this covers a decoder that passes them on.
         code = obj.get("code") if isinstance(obj, dict) else None
-        err = from_status(code if isinstance(code, int) else 500, obj)
-        return _step_watching(state, failure(err))
+        return failure(from_status(code if isinstance(code, int) else 500, obj))
     if inp.type not in DELIVERED_TYPES and inp.type != "BOOKMARK":
-        return [Skip("unknown_type")], state
+        return Skip("unknown_type")
     if not isinstance(obj, dict):
-        return [Skip("not_object")], state
+        return Skip("not_object")
     meta = obj.get("metadata")
     new_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
     if not _is_rv(new_rv):
-        return [Skip("no_resource_version")], state
+        return Skip("no_resource_version")
+    return None
+
+
+def _step_event(state: Watching, inp: Event) -> tuple[list[Action], State]:
+    obj = inp.object                     # screened: a dict with metadata and an RV
+    meta = obj["metadata"]
+    new_rv = meta["resourceVersion"]
     if inp.type == "BOOKMARK":
-        return [Progress()], Watching(new_rv, 0, True)
+        return [Progress()], Watching(new_rv, 0, True, stream=state.stream)
     if not meta.get("name"):
         return [Skip("no_name")], state
-    return [Deliver(inp.type, obj), Progress()], Watching(new_rv, 0, True)
+    return [Deliver(inp.type, obj), Progress()], Watching(new_rv, 0, True, stream=state.stream)
+
+
+def _step_streaming(state: Streaming, inp: Input) -> tuple[list[Action], State]:
+    rv = state.resource_version
+    if isinstance(inp, Event):
+        return _step_initial_event(state, inp)
+    if isinstance(inp, Closed):
+        # A streaming-capable apiserver ends the initial events with the bookmark
+        # before anything else; a stream that ends first is one that ignored the
+        # parameters (client-go treats it as a failed watch-list and lists).
+        return _fall_back(state, "the stream ended before the initial-events-end bookmark")
+    if isinstance(inp, Failed):
+        if _refuses_streaming(inp.error):
+            return _fall_back(state, "the apiserver refused it", inp.error)
+        if inp.reason in ("gone", "too_large_rv") and rv != "":
+            # The RV to be not older than is unusable: stream the current state.
+            return [Restart(inp.reason, inp.error), StreamList("")], Streaming("")
+        # The stream starts over from scratch: count the failure even if initial
+        # events came, so a stream cut at the same place every time backs off.
+        failures = state.failures + 1
+        stalls = state.stalls + (inp.reason == "stall")
+        actions: list[Action] = [Restart(inp.reason, inp.error)]
+        if stalls >= STREAM_STALLS_FALLBACK:
+            # A streaming apiserver sends the end bookmark right after the state;
+            # silence instead, twice, is an apiserver that ignored the parameters
+            # and sends no bookmarks (some aggregated APIs): streaming again would
+            # stall for ever and fail liveness. A paged list works everywhere.
+            fallback, listing = _fall_back(state, "the initial events stalled twice", inp.error)
+            return actions + fallback, listing
+        if failures >= 2 or inp.reason not in ("disconnect", "stall", "protocol"):
+            actions.append(Sleep())
+        return actions + [StreamList(rv)], Streaming(rv, failures, stalls=stalls)
+    raise TypeError(f"{type(inp).__name__} while streaming a list")
+
+
+def _step_initial_event(state: Streaming, inp: Event) -> tuple[list[Action], State]:
+    meta = inp.object["metadata"]        # screened: a dict with metadata and an RV
+    new_rv = meta["resourceVersion"]
+    if inp.type == "BOOKMARK":
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and annotations.get(INITIAL_EVENTS_END) == "true":
+            # The set is complete and consistent at new_rv: swap it in, and the
+            # same stream goes on as the watch from there.
+            return ([ReplaceCollected(), Progress()],
+                    Watching(new_rv, 0, True, stream=True))
+        # A streaming apiserver sends no other bookmark before this one.
+        return _fall_back(state, "a bookmark came before the initial-events-end bookmark")
+    if inp.type != "ADDED":
+        # Initial events are all ADDED: this is a plain watch from our RV.
+        return _fall_back(state, f"a {inp.type} event came among the initial events")
+    if not meta.get("name"):
+        return [Skip("no_name")], state
+    return ([Collect(inp.object), Progress()],
+            Streaming(state.resource_version, state.failures, True, stalls=state.stalls))
+
+
+def _fall_back(state: Streaming, reason: str,
+               error: BaseException | None = None) -> tuple[list[Action], State]:
+    # From now on this watcher lists page by page (Listing -> Watching(stream=False)).
+    rv = state.resource_version
+    return [FallBack(reason, error), List(rv)], Listing(rv)
+
+
+def _refuses_streaming(error: BaseException | None) -> bool:
+    """The apiserver said no to the streaming parameters (not to the watch itself).
+
+    400 and 422 are answers to the request's parameters. A 403 is RBAC unless its
+    message is about the parameters: falling back for an ordinary 403 would give
+    up streaming for good over an RBAC rule that may be fixed a minute later.
+    """
+    if not isinstance(error, ApiError):
+        return False
+    if error.code in (400, 422):
+        return True
+    return error.code == 403 and "sendInitialEvents" in error.message
 
 
 def _is_rv(value: object) -> bool:
@@ -317,11 +500,14 @@ def _is_rv(value: object) -> bool:
 class Watcher:
     """Runs the state machine against the apiserver for one resource (and namespace).
 
-    `on_sync(items)` is called after every (re)list and returns the objects that
-    vanished, which are then delivered as DELETED; `on_event(type, obj)` gets
-    ADDED / MODIFIED / DELETED. Both run on the watcher's thread; an exception in
-    either is logged with its traceback, counted in `handler_errors`, and the
-    loop goes on.
+    `on_sync(items)` is called after every (re)list with the whole fresh set: it
+    replaces the cache, and what vanished from it is its business (nothing comes
+    back to the watcher); `on_event(type, obj)` gets ADDED / MODIFIED / DELETED.
+    Both run on the watcher's thread; an exception in either is logged with its
+    traceback, counted in `handler_errors`, and the loop goes on.
+
+    `streaming_list`: list by streaming (see the module docstring) until the
+    apiserver shows it does not offer it; False: paged lists only.
     """
 
     def __init__(self, client: ApiClient, resource: Resource, *, namespace: str | None = None,
@@ -331,7 +517,8 @@ class Watcher:
                  rng: Callable[[], float] = random.random,
                  stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
                  backoff: Backoff | None = None,
-                 list_transform: Callable[[dict], dict] | None = None):
+                 list_transform: Callable[[dict], dict] | None = None,
+                 streaming_list: bool = True):
         self._client = client
         # Applied to listed items page by page (the store's transform), so the
         # peak memory of a relist is one unstripped page, not the whole list.
@@ -352,7 +539,14 @@ class Watcher:
         # label for all of its watchers (one per namespace).
         self._label = str(resource)
 
-        self._state: State = INITIAL
+        self._state: State = INITIAL_STREAMING if streaming_list else INITIAL
+        # The initial objects of the streaming list in progress (transformed one
+        # by one as they arrive); meaningful only while the state is Streaming,
+        # emptied when it is swapped into the cache or abandoned.
+        self._collected: list[dict] = []
+        # watch_events_total's child per event type: labels() takes a lock and
+        # builds a key on every call, a tenth of the loop's time on a streaming list.
+        self._event_counters: dict[str, object] = {}
         self.has_synced = False
         # Liveness: last_progress moves on an event, a bookmark, a list or a clean
         # reconnect; last_retry on a failure the loop is about to retry.
@@ -381,7 +575,7 @@ class Watcher:
     def stalls(self) -> int:
         """Stall periods in a row without progress (0 while listing: a list clears it)."""
         state = self._state
-        return state.stalls if isinstance(state, Watching) else 0
+        return state.stalls if isinstance(state, (Watching, Streaming)) else 0
 
     def __repr__(self) -> str:
         where = self._namespace or "all namespaces"
@@ -437,13 +631,24 @@ class Watcher:
         Effects come first in every action list, then Sleep, then the I/O.
         """
         for action in actions:
-            if isinstance(action, (Sleep, List, Watch)):
+            if isinstance(action, (Sleep, List, Watch, StreamList)):
                 self._state = next_state
+            if isinstance(action, (Sleep, List, StreamList)):
+                self._collected = []       # a list starts afresh: drop a partial set now
             match action:
                 case Deliver(type=type_, object=obj):
                     self._deliver(type_, obj)
                 case Replace(items=items):
                     self._replace(items)
+                case Collect(object=obj):
+                    self._collected.append(self._list_transform(obj) if self._list_transform
+                                           else obj)
+                case ReplaceCollected():
+                    items, self._collected = self._collected, []
+                    self._replace(items)
+                case FallBack(reason=reason, error=error):
+                    self._collected = []
+                    self._fell_back(reason, error)
                 case Progress():
                     self.last_progress = self._clock()
                 case Restart(reason=reason, error=error):
@@ -463,6 +668,11 @@ class Watcher:
                     return None if stop.is_set() else self._list(rv)
                 case Watch(resource_version=rv):
                     return None if stop.is_set() else self._open_watch(rv)
+                case StreamList(resource_version=rv):
+                    if stop.is_set():
+                        return None
+                    self._metrics.informer_relists_total.labels(self._label).inc()
+                    return self._open_watch(rv, send_initial_events=True)
         self._state = next_state
         return None
 
@@ -490,16 +700,19 @@ class Watcher:
             return Failed("protocol", ProtocolError("list response is not a list"))
         return Listed(items, meta.get("resourceVersion"))
 
-    def _open_watch(self, rv: str) -> Input | None:
+    def _open_watch(self, rv: str, *, send_initial_events: bool = False) -> Input | None:
+        """Open a watch from `rv` (with `send_initial_events`: a streaming list, RV
+        "" meaning the current state); None once it is open, else the failure."""
         self._close_stream()
         span = MAX_WATCH_TIMEOUT_SECONDS - MIN_WATCH_TIMEOUT_SECONDS
         self.watch_timeout_seconds = MIN_WATCH_TIMEOUT_SECONDS + int(self._rng() * span)
         try:
             stream = self._client.watch(
                 self._resource, namespace=self._namespace, label_selector=self._label_selector,
-                field_selector=self._field_selector, resource_version=rv, allow_bookmarks=True,
-                timeout_seconds=self.watch_timeout_seconds,
-                stall_timeout_seconds=self._stall_timeout_seconds)
+                field_selector=self._field_selector, resource_version=rv or None,
+                allow_bookmarks=True, timeout_seconds=self.watch_timeout_seconds,
+                stall_timeout_seconds=self._stall_timeout_seconds,
+                **({"send_initial_events": True} if send_initial_events else {}))
         except Exception as err:
             inp = failure(err)
             if inp.reason == "stall":
@@ -536,10 +749,14 @@ class Watcher:
                 self._metrics.watch_events_total.labels(self._label, "ERROR").inc()
             self._close_stream()
             return failure(err)
-        type_ = getattr(event, "type", None)
+        type_ = str(getattr(event, "type", None))
         obj = getattr(event, "object", None)
-        self._metrics.watch_events_total.labels(self._label, str(type_)).inc()
-        return Event(str(type_), obj)
+        counter = self._event_counters.get(type_)
+        if counter is None:
+            counter = self._metrics.watch_events_total.labels(self._label, type_)
+            self._event_counters[type_] = counter
+        counter.inc()
+        return Event(type_, obj)
 
     def _close_stream(self) -> None:
         with self._stream_lock:
@@ -563,15 +780,17 @@ class Watcher:
 
     def _replace(self, items: list) -> None:
         try:
-            vanished = self._on_sync(items) or []
+            self._on_sync(items)
         except Exception:
             self.handler_errors += 1
             log.exception("%s: sync handler failed on a list of %d; going on", self, len(items))
-            vanished = []
         self.has_synced = True
-        for obj in vanished:
-            self._deliver("DELETED", obj)
-        log.debug("%s: listed %d objects, %d vanished", self, len(items), len(vanished))
+        log.debug("%s: listed %d objects", self, len(items))
+
+    def _fell_back(self, reason: str, error: BaseException | None) -> None:
+        self.last_retry = self._clock()
+        log.warning("%s: the apiserver does not offer streaming lists (%s%s); listing page "
+                    "by page from now on", self, reason, f": {error}" if error else "")
 
     def _restarted(self, reason: str, error: BaseException | None) -> None:
         self._metrics.watch_restarts_total.labels(self._label, reason).inc()

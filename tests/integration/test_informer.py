@@ -84,6 +84,9 @@ def running(server, *, namespaces=(NS,), mapper=own_key, **kwargs):
     metrics = Metrics(CollectorRegistry())
     client = ApiClient.from_config(ClusterConfig(server=server.url))
     kwargs.setdefault("backoff_factory", fast_backoff)
+    # This file tests the paged list + watch (an apiserver without streaming
+    # lists); test_streaming_list.py tests the streaming list.
+    kwargs.setdefault("streaming_list", False)
     informer = Informer(client, DEPLOYMENTS,
                         namespaces=list(namespaces) if namespaces is not None else None,
                         metrics=metrics, **kwargs)
@@ -406,7 +409,7 @@ def test_a_burst_of_10000_events_on_one_object_is_reconciled_a_handful_of_times(
         metrics = Metrics(CollectorRegistry())
         client = ApiClient.from_config(ClusterConfig(server=server.url))
         informer = Informer(client, DEPLOYMENTS, namespaces=[NS], metrics=metrics,
-                            backoff_factory=fast_backoff)
+                            backoff_factory=fast_backoff, streaming_list=False)
         queue = WorkQueue("burst", metrics=metrics)
         informer.add_handler(own_key, queue)
         seen: list[str] = []

@@ -38,6 +38,11 @@ def is_watch(req):
     return req.method == "GET" and req.query.get("watch") in ("1", "true")
 
 
+def is_plain_watch(req):
+    """A watch that is not a streaming list: what follows the initial sync."""
+    return is_watch(req) and req.query.get("sendInitialEvents") != "true"
+
+
 class _Keys:
     def add(self, key):
         pass
@@ -82,7 +87,7 @@ def restarts(metrics, reason):
 def test_headers_then_silence_on_every_reconnect_turns_healthz_red():
     with FakeApiServer() as server:
         silent = server.script(sequence(raw(http_head(200, chunked=True), close_after=False),
-                                        stall(None)), match=is_watch, times=None)
+                                        stall(None)), match=is_plain_watch, times=None)
         with probed_informer(server) as (informer, metrics, get):
             eventually(lambda: silent.hits >= 1)
             eventually(lambda: get("/healthz")[0] == 500, message="/healthz never turned red")

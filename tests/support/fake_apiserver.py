@@ -45,6 +45,20 @@ the resourceVersion. Not modelled: garbage collection, admission, RBAC,
 server-side apply field ownership, consistent pagination snapshots (pages come
 from the current state), resourceVersion semantics on list.
 
+Streaming lists (client-go's WatchList: a watch with `sendInitialEvents=true`)::
+
+    FakeApiServer(watch_list="support")    # default, as Kubernetes >= 1.34: the matching
+                                           # objects as ADDED, then a BOOKMARK annotated
+                                           # k8s.io/initial-events-end, then the watch goes on;
+                                           # needs resourceVersionMatch=NotOlderThan and
+                                           # allowWatchBookmarks=true (else 422)
+    FakeApiServer(watch_list="ignore")     # an apiserver that does not know the parameters:
+                                           # a plain watch (RV "" -> the state as ADDED, then
+                                           # changes; an RV -> changes since it), no end bookmark
+    FakeApiServer(watch_list="refuse")     # 422 Invalid "sendInitialEvents is forbidden ...",
+                                           # as 1.27-1.33 with the WatchList gate off
+    server.watch_list = "refuse"           # may be changed at run time
+
 Watch controls::
 
     server.bookmark()                      # a BOOKMARK to every watch that allows them
@@ -529,7 +543,11 @@ class FakeApiServer:
     """See the module docstring. Not started until start() (or `with`)."""
 
     def __init__(self, *, pki=None, server_cert=None, token: str | None = None,
-                 client_cert_auth: bool = False, watch_timeout_seconds: float = 1800.0):
+                 client_cert_auth: bool = False, watch_timeout_seconds: float = 1800.0,
+                 watch_list: str = "support"):
+        if watch_list not in ("support", "ignore", "refuse"):
+            raise ValueError(f"watch_list must be support, ignore or refuse, not {watch_list!r}")
+        self.watch_list = watch_list
         self.token = token
         self.client_cert_auth = client_cert_auth
         self.watch_timeout_seconds = watch_timeout_seconds
@@ -1045,11 +1063,23 @@ class FakeApiServer:
         rv_param = q.get("resourceVersion", "")
         timeout = float(q.get("timeoutSeconds") or self.watch_timeout_seconds)
         deadline = time.monotonic() + timeout
+        streaming = q.get("sendInitialEvents") == "true" and self.watch_list != "ignore"
+        if streaming:
+            _check_watch_list(q, self.watch_list)
         with self._cond:
             _, matches = self._matching_locked(route, q)
             watch = _Watch(route, matches, q.get("allowWatchBookmarks") == "true", self._rv,
                            ex._sock)
-            if rv_param in ("", "0"):
+            if streaming:
+                # The current state is "not older than" any RV the client can have;
+                # the end bookmark carries the RV it is consistent at.
+                initial = [{"type": "ADDED", "object": o}
+                           for o in self._matching_locked(route, q)[0]]
+                initial.append({"type": "BOOKMARK", "object": {
+                    "kind": "Bookmark", "apiVersion": route.api_version,
+                    "metadata": {"resourceVersion": str(self._rv),
+                                 "annotations": {"k8s.io/initial-events-end": "true"}}}})
+            elif rv_param in ("", "0"):
                 initial = [{"type": "ADDED", "object": o}
                            for o in self._matching_locked(route, q)[0]]
             else:
@@ -1118,6 +1148,20 @@ class FakeApiServer:
                     return out, finish
                 # Wake at least every second to notice a client that hung up.
                 self._cond.wait(min(remaining, 1.0))
+
+
+def _check_watch_list(query: dict, mode: str) -> None:
+    """Refuse a streaming list as the real apiserver does (ValidateListOptions)."""
+    if mode == "refuse":
+        raise _StatusError(422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: "
+                           "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for "
+                           "watch unless the WatchList feature gate is enabled")
+    if query.get("resourceVersionMatch") != "NotOlderThan":
+        raise _StatusError(422, "Invalid", "resourceVersionMatch: Forbidden: sendInitialEvents "
+                           "requires setting resourceVersionMatch to NotOlderThan")
+    if query.get("allowWatchBookmarks") != "true":
+        raise _StatusError(422, "Invalid", "allowWatchBookmarks: Required value: "
+                           "allowWatchBookmarks must be set to true when sendInitialEvents is set")
 
 
 def _peer_closed(sock: socket.socket) -> bool:

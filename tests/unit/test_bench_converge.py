@@ -1,5 +1,6 @@
-"""bench/converge.py's and bench/watch_decode.py's pure parts: request counting, aggregation,
-goals, profile buckets, the generated watch-decoding section.
+"""The pure parts of bench/converge.py, bench/watch_decode.py and bench/startup_list.py:
+request counting, aggregation, goals, profile buckets, the generated watch-decoding
+section, the start-up list table.
 
 The benchmark itself needs the control plane and kopf's venv (`make bench`);
 these tests only pin the arithmetic its report rests on.
@@ -174,3 +175,14 @@ def test_nearest_rank_quantile_is_a_measured_value():
     values = [float(v) for v in range(1, 1001)]
     assert _quantile(values, 0.99) == 990.0 and _quantile(values, 0.5) == 500.0
     assert _quantile([3.0], 0.99) == 3.0
+
+
+def test_startup_list_table_takes_the_best_run_per_mode_and_their_ratio():
+    import startup_list
+    runs = [{"mode": "streaming", "kind": "bare", "seconds": 2.0, "cpu_seconds": 0.3},
+            {"mode": "streaming", "kind": "bare", "seconds": 1.0, "cpu_seconds": 0.4},
+            {"mode": "paged", "kind": "bare", "seconds": 4.0, "cpu_seconds": 0.5}]
+    md = startup_list.table(runs, 20000)
+    assert "| bare client, time to receive all (s) | 1.0 | 4.0 | 0.25x |" in md
+    assert "| bare client, CPU (s) | 0.3 | 0.5 | 0.60x |" in md
+    assert "| informer, time to synced (s) | None | None | - |" in md

@@ -61,6 +61,7 @@ def fleet():
     client = blocking_client()
     metrics = Metrics(CollectorRegistry())
     informer = Informer(client, DEPLOYMENTS, namespaces=None, metrics=metrics, clock=clock,
+                        streaming_list=False,
                         backoff_factory=lambda: Backoff(initial_seconds=0.001, max_seconds=0.002,
                                                         clock=clock))
     informer.add_handler(own_key, queue.SimpleQueue())   # any object with .add would do

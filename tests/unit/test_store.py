@@ -29,9 +29,11 @@ def names(objs):
 
 def test_upsert_get_delete():
     s = Store()
-    assert s.upsert(obj("a")) is None
-    old = s.upsert(obj("a", rv="2"))
+    old, stored = s.upsert(obj("a"))
+    assert old is None and stored["metadata"]["resourceVersion"] == "1"
+    old, stored = s.upsert(obj("a", rv="2"))
     assert old["metadata"]["resourceVersion"] == "1"
+    assert stored is s.get(ObjectKey("default", "a"))
     assert s.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "2"
     assert len(s) == 1 and ObjectKey("default", "a") in s
     assert s.keys() == [ObjectKey("default", "a")]
