@@ -1103,7 +1103,9 @@ class MyReconciler:
         except NotFoundError:
             return 0.0, None  # deleted meanwhile: nothing to report on
         summary = _ready_summary(new) or ()
-        log.info("status of %s: Ready=%s %s", key, *summary[:2])
+        # debug: the status itself says it (kubectl get my); at info every status
+        # write of a burst was a log line.
+        log.debug("status of %s: Ready=%s %s", key, *summary[:2])
         # Warning events follow the condition, not each write: an InvalidSpec,
         # Conflict or workload failure is reported once when it appears, not at
         # every replica change.
