@@ -50,6 +50,7 @@ from k8s_http import (
     Manager,
     NotFoundError,
     ObjectKey,
+    Projection,
     Resource,
     Result,
     controller_of,
@@ -147,6 +148,52 @@ STATUS_COALESCE_SECONDS = 0.5
 # Weight of the newest sample in the running estimate of how long the
 # Deployment controller takes to answer (an exponentially weighted mean).
 ANSWER_TIME_WEIGHT = 0.2
+
+# What the caches keep (k8s_http.Projection): exactly the fields this file reads
+# from cached objects, everything else is dropped on the way in (list, watch,
+# our own write answers). Declared here, beside the constants the readers use;
+# a read of a field not listed fails tests/unit/test_controller.py, whose stores
+# raise on dropped keys (Projection.guarded). Readers are named per group.
+_CHILD_META = (
+    "apiVersion", "kind",                               # needs_apply (desired has them)
+    "metadata.name", "metadata.namespace",              # keys, needs_apply
+    "metadata.resourceVersion",                         # Store.end_write, "Updated" events
+    "metadata.generation",                              # _readiness, _is_rollout_pending
+    ("metadata", "labels", LABEL_NAME), ("metadata", "labels", LABEL_INSTANCE),
+    ("metadata", "labels", LABEL_MANAGED_BY),           # needs_apply: our labels only
+    ("metadata", "annotations", CONFIG_HASH_ANNOTATION),  # needs_apply, _ensure_child
+    "metadata.ownerReferences",   # is_controlled_by, needs_apply, the informer's mapper
+)
+DEPLOYMENT_PROJECTION = Projection(_CHILD_META + (
+    # needs_apply and foreign_entries_patch: what render_deployment sends, and
+    # the names of the entries beside ours.
+    "spec.replicas", "spec.selector", "spec.progressDeadlineSeconds",
+    ("spec", "template", "metadata", "labels", LABEL_NAME),
+    ("spec", "template", "metadata", "labels", LABEL_INSTANCE),
+    ("spec", "template", "metadata", "labels", LABEL_MANAGED_BY),
+    "spec.template.spec.securityContext",
+    "spec.template.spec.containers[].name", "spec.template.spec.containers[].image",
+    "spec.template.spec.containers[].ports", "spec.template.spec.containers[].resources",
+    "spec.template.spec.containers[].securityContext",
+    "spec.template.spec.containers[].env[].name", "spec.template.spec.containers[].env[].value",
+    # desired_status, _readiness, _workload_failure, _is_rollout_pending
+    "status.observedGeneration", "status.replicas", "status.readyReplicas",
+    "status.updatedReplicas", "status.conditions[].type", "status.conditions[].status",
+    "status.conditions[].reason", "status.conditions[].message",
+), distinct=("metadata.resourceVersion", "status.conditions[].message"))
+SERVICE_PROJECTION = Projection(_CHILD_META + (
+    "spec.type", "spec.selector",                       # needs_apply
+    "spec.ports[].port", "spec.ports[].targetPort", "spec.ports[].protocol",  # + foreign ports
+), distinct=("metadata.resourceVersion",))
+MY_PROJECTION = Projection((
+    "apiVersion", "kind",                               # EventRecorder's involvedObject
+    "metadata.name", "metadata.namespace", "metadata.uid", "metadata.generation",
+    "metadata.resourceVersion", "metadata.deletionTimestamp",
+    "spec",            # validate_my checks every key, render_* copy it
+    "status",          # desired_status keeps the fields it does not own
+), distinct=("metadata.resourceVersion",))
+PROJECTIONS = {MY: MY_PROJECTION, DEPLOYMENTS: DEPLOYMENT_PROJECTION,
+               SERVICES: SERVICE_PROJECTION}
 
 # Kubernetes name rules the children impose on the My's name: a Service name
 # is an RFC 1035 label, and the name is also a label value (<= 63 characters).
@@ -1230,7 +1277,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return _fail(err)
     mgr.add_controller(MY, MyReconciler(mgr), owns=[DEPLOYMENTS, SERVICES],
-                       owns_label_selector=MANAGED_SELECTOR, workers=args.workers)
+                       owns_label_selector=MANAGED_SELECTOR, workers=args.workers,
+                       transforms=PROJECTIONS)
     try:
         return mgr.run()
     except OSError as err:

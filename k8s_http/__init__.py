@@ -27,6 +27,7 @@ from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES,
                       add_finalizer, controller_of, get_condition, has_finalizer,
                       is_controlled_by, key_of, owner_reference, remove_finalizer,
                       rfc3339_now, set_condition, strip_managed_fields)
+from .projection import DroppedFieldRead, Projection
 from .runner import Result, TerminalError
 from .watchproto import WatchEvent
 
@@ -43,6 +44,6 @@ __all__ = [
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now",
-    "setup_logging", "EventRecorder",
+    "setup_logging", "EventRecorder", "Projection", "DroppedFieldRead",
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
 ]

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
@@ -48,7 +48,7 @@ from .informer import Informer, own_key, owner_key
 from .leader import LeaderElector
 from .log import reconcile_context
 from .metrics import Metrics
-from .objects import ObjectKey, Resource
+from .objects import ObjectKey, Resource, strip_managed_fields
 from .probes import HealthChecks, ProbeServer
 from .runner import Result, Runner
 from .store import Store
@@ -178,13 +178,20 @@ class Manager:
 
     # ---- building -------------------------------------------------------
 
-    def _informer(self, resource: Resource, label_selector: str | None) -> Informer:
+    def _informer(self, resource: Resource, label_selector: str | None,
+                  transform: Callable[[dict], dict] | None = None) -> Informer:
         key = (resource, label_selector)
         informer = self._informers.get(key)
+        if informer is not None and transform is not None \
+                and informer.store.transform is not transform:
+            # One cache per (resource, selector): two controllers sharing it must agree
+            # on what it keeps, or one of them would read fields the other dropped.
+            raise ValueError(f"the informer for {resource} already has another transform")
         if informer is None:
             informer = Informer(self.client, resource, namespaces=self.namespaces,
                                 label_selector=label_selector, metrics=self.metrics,
-                                clock=self._clock)
+                                clock=self._clock,
+                                transform=transform or strip_managed_fields)
             self._informers[key] = informer
             check_name = f"informer-{resource}"
             if label_selector:
@@ -200,9 +207,13 @@ class Manager:
                        owns: Iterable[Resource] = (), owns_label_selector: str | None = None,
                        label_selector: str | None = None, workers: int = 4,
                        name: str | None = None,
-                       reconcile_timeout_seconds: float | None = None) -> None:
+                       reconcile_timeout_seconds: float | None = None,
+                       transforms: Mapping[Resource, Callable[[dict], dict]] | None = None
+                       ) -> None:
         """Reconcile `resource` objects; changes to `owns` objects map to their controlling owner.
 
+        `transforms`: per resource (primary or owned), what its cache keeps of each
+        object (a k8s_http.Projection); default: everything but managedFields.
         `owns_label_selector` narrows the owned watches server-side so the
         cache holds only our children (e.g. a managed-by label).
         `reconcile_timeout_seconds`: failures past it count as timeouts (runner.py).
@@ -213,11 +224,12 @@ class Manager:
             raise ValueError("workers must be at least 1")
         name = name or (resource.kind or resource.plural).lower()
         queue = WorkQueue(name, metrics=self.metrics, clock=self._clock)
-        primary = self._informer(resource, label_selector)
+        transforms = transforms or {}
+        primary = self._informer(resource, label_selector, transforms.get(resource))
         primary.add_handler(own_key, queue)
         informers = [primary]
         for owned in owns:
-            informer = self._informer(owned, owns_label_selector)
+            informer = self._informer(owned, owns_label_selector, transforms.get(owned))
             informer.add_handler(owner_key(resource.kind, resource.group), queue)
             informers.append(informer)
         runner = Runner(name, queue, reconcile, workers=workers, metrics=self.metrics,

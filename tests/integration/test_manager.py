@@ -6,7 +6,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http import CONFIGMAPS, SERVICES, Manager, ObjectKey, Result
+from k8s_http import CONFIGMAPS, SERVICES, Manager, ObjectKey, Projection, Result
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.wait import eventually
 
@@ -159,3 +159,31 @@ def test_a_dead_worker_thread_is_restarted_by_the_supervisor(server):
         assert _get(mgr.server_ports[0], "/healthz")[0] == 200
     finally:
         mgr.stop()
+
+
+def test_each_cache_keeps_what_its_transform_keeps(server):
+    # transforms= reaches the informers: the listed object, the watched change and
+    # the object in the store are all projected; another controller may not
+    # share the cache with another projection.
+    server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "a", "labels": {"x": "1"}},
+                                               "data": {"big": "x" * 1000, "k": "v"}})
+    keep = Projection(["metadata.name", "metadata.namespace", "metadata.resourceVersion",
+                       "data.k"])
+    mgr = _manager(server)
+    seen = []
+    mgr.add_controller(CONFIGMAPS, lambda key: seen.append(mgr.store(CONFIGMAPS).get(key)),
+                       workers=1, transforms={CONFIGMAPS: keep})
+    with pytest.raises(ValueError):
+        mgr.add_controller(CONFIGMAPS, lambda key: None, name="other",
+                           transforms={CONFIGMAPS: Projection(["metadata"])})
+    mgr.start()
+    try:
+        eventually(lambda: seen and seen[-1] is not None)
+        assert seen[-1]["data"] == {"k": "v"} and "labels" not in seen[-1]["metadata"]
+        obj = server.get_object(CONFIGMAPS.path(NS, "a"))
+        obj["data"]["k"] = "w"
+        server.update_object(CONFIGMAPS.path(NS), obj)
+        eventually(lambda: seen[-1] is not None and seen[-1]["data"] == {"k": "w"})
+        assert set(seen[-1]["metadata"]) == {"name", "namespace", "resourceVersion"}
+    finally:
+        assert mgr.stop() == 0

@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 
 LAYERS = {
-    "errors": 0, "objects": 0, "defaults": 0,
+    "errors": 0, "objects": 0, "defaults": 0, "projection": 0,
     "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
     "credentials": 2, "tls": 2, "urls": 2, "stream": 2, "flags": 2,
     "kubeconfig": 3,
@@ -127,6 +127,8 @@ EXPECTED_API = [
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now",
+    # what a cache keeps
+    "Projection", "DroppedFieldRead",
     # logging and events
     "setup_logging", "EventRecorder",
     # command line: the standard manager flags
