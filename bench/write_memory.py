@@ -318,6 +318,94 @@ def measure(size: int, args, work: Path) -> dict:
     return result
 
 
+# ---------------------------------------------------------------------------
+# --cache-only: the caches' own Python heap per My, without a control plane
+
+
+def _wire_objects(i: int) -> tuple[dict, dict, dict]:
+    """A My and its children as the apiserver sends them (shapes copied from a
+    local control plane, plus the status and revision annotation that
+    kube-controller-manager adds to a Deployment), as fresh JSON as on the wire."""
+    import controller
+    from bench.convergence.scenarios import my_object
+
+    name, ns, stamp = f"m-{i:06d}", "team-a", "2026-12-01T17:30:37Z"
+    my = my_object(name, "v1", 1)
+    my["metadata"].update(namespace=ns, uid=f"0f26fd9d-b73c-4cc8-bb62-{i:012d}",
+                          resourceVersion=str(1000 + 3 * i), generation=1,
+                          creationTimestamp=stamp)
+    managed = [{"manager": "my-controller", "operation": "Apply", "apiVersion": "v1",
+                "time": stamp, "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in
+                                                         controller.labels_for(name)}},
+                             "f:spec": {"f:replicas": {}, "f:selector": {},
+                                        "f:template": {"f:spec": {"f:containers": {
+                                            'k:{"name":"app"}': {".": {}, "f:image": {}}}}}}}}]
+    my["metadata"]["managedFields"] = managed
+    my["status"] = controller.desired_status(my, None, now=stamp)
+    dep = controller.render_deployment(my)
+    dep["metadata"].update(uid=f"d67690bb-2f7f-47df-963c-{i:012d}", generation=1,
+                           resourceVersion=str(1001 + 3 * i), creationTimestamp=stamp,
+                           managedFields=managed)
+    dep["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "1"
+    pod = dep["spec"]["template"]["spec"]
+    dep["spec"].update(strategy={"type": "RollingUpdate", "rollingUpdate": {
+        "maxUnavailable": "25%", "maxSurge": "25%"}}, revisionHistoryLimit=10,
+        progressDeadlineSeconds=600)
+    pod.update(restartPolicy="Always", terminationGracePeriodSeconds=30,
+               dnsPolicy="ClusterFirst", securityContext={}, schedulerName="default-scheduler")
+    pod["containers"][0].update(terminationMessagePath="/dev/termination-log",
+                                terminationMessagePolicy="File", imagePullPolicy="IfNotPresent")
+    dep["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                     "readyReplicas": 1, "availableReplicas": 1, "conditions": [
+                         {"type": "Available", "status": "True", "lastUpdateTime": stamp,
+                          "lastTransitionTime": stamp, "reason": "MinimumReplicasAvailable",
+                          "message": "Deployment has minimum availability."},
+                         {"type": "Progressing", "status": "True", "lastUpdateTime": stamp,
+                          "lastTransitionTime": stamp, "reason": "NewReplicaSetAvailable",
+                          "message": f'ReplicaSet "{name}-5d8f7c9b4" has successfully '
+                                     "progressed."}]}
+    svc = controller.render_service(my)
+    svc["metadata"].update(uid=f"28ee5399-67ca-4318-95f0-{i:012d}",
+                           resourceVersion=str(1002 + 3 * i), creationTimestamp=stamp,
+                           managedFields=managed)
+    svc["spec"].update(clusterIP=f"10.0.{i // 250}.{i % 250}",
+                       clusterIPs=[f"10.0.{i // 250}.{i % 250}"], sessionAffinity="None",
+                       ipFamilies=["IPv4"], ipFamilyPolicy="SingleStack",
+                       internalTrafficPolicy="Cluster")
+    svc["status"] = {"loadBalancer": {}}
+    return tuple(json.loads(json.dumps(o)) for o in (my, dep, svc))
+
+
+def cache_only(size: int) -> dict:
+    """tracemalloc's figure for three Stores holding `size` My and their children,
+    with the default transform (managedFields stripped) and with the projections."""
+    import gc
+    import tracemalloc
+
+    import controller
+    from k8s_http.objects import strip_managed_fields
+    from k8s_http.store import Store
+
+    out = {"size": size}
+    for label, transforms in (("strip_managed_fields", [strip_managed_fields] * 3),
+                              ("projections", [controller.MY_PROJECTION,
+                                               controller.DEPLOYMENT_PROJECTION,
+                                               controller.SERVICE_PROJECTION])):
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        stores = [Store(transform=t) for t in transforms]
+        for i in range(size):
+            for store, obj in zip(stores, _wire_objects(i)):
+                store.upsert(obj)
+        gc.collect()
+        out[f"{label}_bytes_per_my"] = (tracemalloc.get_traced_memory()[0] - base) / size
+        tracemalloc.stop()
+        del stores
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--operator"]:
@@ -334,8 +422,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds before the second RSS reading of the 'created' process")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--cache-only", action="store_true",
+                        help="only the caches' Python heap per My (tracemalloc), no control plane")
     args = parser.parse_args(argv)
     args.diagnose = args.diagnose or args.tracemalloc
+    if args.cache_only:
+        for size in [int(s) for s in args.sizes.split(",")]:
+            print(json.dumps(cache_only(size)), flush=True)
+        return 0
     import tempfile
     results = []
     for size in [int(s) for s in args.sizes.split(",")]:
