@@ -187,11 +187,6 @@ class Manager:
                   transform: Callable[[dict], dict] | None = None) -> Informer:
         key = (resource, label_selector)
         informer = self._informers.get(key)
-        if informer is not None and transform is not None \
-                and informer.store.transform is not transform:
-            # One cache per (resource, selector): two controllers sharing it must agree
-            # on what it keeps, or one of them would read fields the other dropped.
-            raise ValueError(f"the informer for {resource} already has another transform")
         if informer is None:
             informer = Informer(self.client, resource, namespaces=self.namespaces,
                                 label_selector=label_selector, metrics=self.metrics,
@@ -228,8 +223,16 @@ class Manager:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         name = name or (resource.kind or resource.plural).lower()
-        queue = WorkQueue(name, metrics=self.metrics, clock=self._clock)
         transforms = transforms or {}
+        for watched, selector in [(resource, label_selector),
+                                  *((owned, owns_label_selector) for owned in owns)]:
+            shared = self._informers.get((watched, selector))
+            wanted = transforms.get(watched)
+            if shared is not None and wanted is not None and shared.store.transform is not wanted:
+                # One cache per (resource, selector): controllers sharing it must agree on
+                # what it keeps, or one would read fields the other's projection dropped.
+                raise ValueError(f"the informer for {watched} already has another transform")
+        queue = WorkQueue(name, metrics=self.metrics, clock=self._clock)
         primary = self._informer(resource, label_selector, transforms.get(resource))
         primary.add_handler(own_key, queue)
         informers = [primary]

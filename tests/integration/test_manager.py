@@ -176,6 +176,7 @@ def test_each_cache_keeps_what_its_transform_keeps(server):
     with pytest.raises(ValueError):
         mgr.add_controller(CONFIGMAPS, lambda key: None, name="other",
                            transforms={CONFIGMAPS: Projection(["metadata"])})
+    assert mgr.store(CONFIGMAPS).transform is keep      # the refused one changed nothing
     mgr.start()
     try:
         eventually(lambda: seen and seen[-1] is not None)
