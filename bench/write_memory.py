@@ -244,6 +244,12 @@ def _all_reported(client, my, namespace: str, count: int) -> bool:
         for i in items)
 
 
+def _write_log_lines(path: Path) -> int:
+    """Log lines of writes to the My or its children (JSON log format)."""
+    return sum(1 for line in path.read_text(errors="replace").splitlines()
+               if any(f'"msg":"{what}' in line for what in ("status of", "updated ", "created ")))
+
+
 def measure(size: int, args, work: Path) -> dict:
     from bench.convergence.cluster import MY, BenchCluster
     from bench.convergence.scenarios import my_object, names
@@ -301,6 +307,7 @@ def measure(size: int, args, work: Path) -> dict:
         result["created_rss_later"] = op.rss_bytes()
         result["created_peak_rss"] = op.peak_rss_bytes()
         op.stop()
+        result["created_write_log_lines"] = _write_log_lines(op.log_path)
 
         # 2. started over the converged fleet
         op = operator("started")
@@ -309,6 +316,10 @@ def measure(size: int, args, work: Path) -> dict:
         result["started_report"] = op.memreport()
         result["started_peak_rss"] = op.peak_rss_bytes()
         op.stop()
+        # Over a converged fleet nothing is written: a projection that dropped a field
+        # the drift check reads would show up here as applies ("updated ...") or
+        # status writes ("status of ...").
+        result["started_write_log_lines"] = _write_log_lines(op.log_path)
     finally:
         cluster.stop()
     for scenario in ("created", "started"):
