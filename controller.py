@@ -51,6 +51,7 @@ from k8s_http import (
     Manager,
     NotFoundError,
     ObjectKey,
+    Projection,
     Resource,
     Result,
     Store,
@@ -172,6 +173,51 @@ RENDER_MEMO_SIZE = 1024
 # Deployment controller takes to answer (an exponentially weighted mean).
 ANSWER_TIME_WEIGHT = 0.2
 
+# What the caches keep (k8s_http.Projection): exactly the fields this file reads
+# from cached objects, everything else is dropped on the way in (list, watch,
+# our own write answers). Declared here, beside the constants the readers use;
+# a read of a field not listed fails tests/unit/test_controller.py, whose stores
+# raise on dropped keys (Projection.guarded). Readers are named per group.
+_CHILD_META = (
+    "apiVersion", "kind",                               # needs_apply (desired has them)
+    "metadata.name", "metadata.namespace",              # keys, needs_apply
+    "metadata.resourceVersion",                         # Store.end_write, "Updated" events
+    "metadata.generation",                              # _readiness, _is_rollout_pending
+    ("metadata", "labels", LABEL_NAME), ("metadata", "labels", LABEL_INSTANCE),
+    ("metadata", "labels", LABEL_MANAGED_BY),           # needs_apply: our labels only
+    ("metadata", "annotations", CONFIG_HASH_ANNOTATION),  # needs_apply, _ensure_child
+    "metadata.ownerReferences",   # is_controlled_by, needs_apply, the informer's mapper
+)
+DEPLOYMENT_PROJECTION = Projection(_CHILD_META + (
+    # needs_apply and foreign_entries_patch: what render_deployment sends, and
+    # the names of the entries beside ours.
+    "spec.replicas", "spec.selector", "spec.progressDeadlineSeconds",
+    ("spec", "template", "metadata", "labels", LABEL_NAME),
+    ("spec", "template", "metadata", "labels", LABEL_INSTANCE),
+    ("spec", "template", "metadata", "labels", LABEL_MANAGED_BY),
+    "spec.template.spec.securityContext",
+    "spec.template.spec.containers[].name", "spec.template.spec.containers[].image",
+    "spec.template.spec.containers[].ports", "spec.template.spec.containers[].resources",
+    "spec.template.spec.containers[].securityContext",
+    "spec.template.spec.containers[].env[].name", "spec.template.spec.containers[].env[].value",
+    # desired_status, _readiness, _workload_failure, _is_rollout_pending
+    "status.observedGeneration", "status.replicas", "status.readyReplicas",
+    "status.updatedReplicas", "status.conditions[].type", "status.conditions[].status",
+    "status.conditions[].reason", "status.conditions[].message",
+), distinct=("metadata.resourceVersion", "status.conditions[].message"))
+SERVICE_PROJECTION = Projection(_CHILD_META + (
+    "spec.type", "spec.selector",                       # needs_apply
+    "spec.ports[].port", "spec.ports[].targetPort", "spec.ports[].protocol",  # + foreign ports
+), distinct=("metadata.resourceVersion",))
+MY_PROJECTION = Projection((
+    "apiVersion", "kind",                               # EventRecorder's involvedObject
+    "metadata.name", "metadata.namespace", "metadata.uid", "metadata.generation",
+    "metadata.resourceVersion", "metadata.deletionTimestamp",
+    "spec",            # validate_my checks every key, render_* copy it
+    "status",          # desired_status keeps the fields it does not own
+), distinct=("metadata.resourceVersion",))
+PROJECTIONS = {MY: MY_PROJECTION, DEPLOYMENTS: DEPLOYMENT_PROJECTION,
+               SERVICES: SERVICE_PROJECTION}
 
 def labels_for(name: str) -> dict[str, str]:
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_MANAGED_BY: NAME}
@@ -1158,17 +1204,20 @@ def main(argv: list[str] | None = None) -> int:
         mgr = Manager(config, NAME, **manager_options(args))
     except ConfigError as err:
         return _fail(with_flag_names(err))
-    # The caches the reconciler reads, made before it is registered; the
-    # controller's own watches (MY, and the owned kinds under the same
-    # selector) share them.
-    stores = {MY: mgr.store_for(MY),
-              DEPLOYMENTS: mgr.store_for(DEPLOYMENTS, MANAGED_SELECTOR),
-              SERVICES: mgr.store_for(SERVICES, MANAGED_SELECTOR)}
+    # The caches the reconciler reads, made before it is registered, each keeping
+    # only what this file reads (PROJECTIONS); the controller's own watches (MY,
+    # and the owned kinds under the same selector) share them.
+    stores = {MY: mgr.store_for(MY, transform=PROJECTIONS[MY]),
+              DEPLOYMENTS: mgr.store_for(DEPLOYMENTS, MANAGED_SELECTOR,
+                                         transform=PROJECTIONS[DEPLOYMENTS]),
+              SERVICES: mgr.store_for(SERVICES, MANAGED_SELECTOR,
+                                      transform=PROJECTIONS[SERVICES])}
     reconciler = MyReconciler(mgr.client, stores, watch_for_deletion=mgr.watch_for_deletion,
                               cancel_deletion_watches=mgr.cancel_deletion_watches,
                               recorder=mgr.event_recorder(NAME))
     mgr.add_controller(MY, reconciler, owns=[DEPLOYMENTS, SERVICES],
-                       owns_label_selector=MANAGED_SELECTOR, workers=args.workers)
+                       owns_label_selector=MANAGED_SELECTOR, workers=args.workers,
+                       transforms=PROJECTIONS)
     try:
         return mgr.run()
     except OSError as err:

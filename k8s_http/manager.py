@@ -36,10 +36,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
+from .allocator import TrimAfterBursts, limit_arenas
 from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError
@@ -50,7 +51,7 @@ from .informer import Informer, own_key, owner_key
 from .leader import LeaderElector
 from .log import reconcile_context
 from .metrics import Metrics
-from .objects import ObjectKey, Resource
+from .objects import ObjectKey, Resource, strip_managed_fields
 from .probes import HealthChecks, ProbeServer
 from .runner import Result, Runner
 from .store import Store
@@ -66,6 +67,10 @@ VERSION = "0.1.0"
 _MAJOR_MINOR = ".".join(VERSION.split(".")[:2])
 # How often the supervisor looks at thread health and refreshes queue gauges.
 SUPERVISE_INTERVAL_SECONDS = 1.0
+# malloc arenas the process's threads share (glibc's default: 8 per core). The
+# GIL lets one thread run Python at a time, so more arenas buy little speed and
+# each keeps its own free memory.
+MALLOC_ARENAS = 2
 
 
 @dataclass
@@ -181,13 +186,15 @@ class Manager:
 
     # ---- building -------------------------------------------------------
 
-    def _informer(self, resource: Resource, label_selector: str | None) -> Informer:
+    def _informer(self, resource: Resource, label_selector: str | None,
+                  transform: Callable[[dict], dict] | None = None) -> Informer:
         key = (resource, label_selector)
         informer = self._informers.get(key)
         if informer is None:
             informer = Informer(self.client, resource, namespaces=self.namespaces,
                                 label_selector=label_selector, metrics=self.metrics,
-                                clock=self._clock)
+                                clock=self._clock,
+                                transform=transform or strip_managed_fields)
             self._informers[key] = informer
             check_name = f"informer-{resource}"
             if label_selector:
@@ -203,9 +210,13 @@ class Manager:
                        owns: Iterable[Resource] = (), owns_label_selector: str | None = None,
                        label_selector: str | None = None, workers: int = 4,
                        name: str | None = None,
-                       reconcile_timeout_seconds: float | None = None) -> None:
+                       reconcile_timeout_seconds: float | None = None,
+                       transforms: Mapping[Resource, Callable[[dict], dict]] | None = None
+                       ) -> None:
         """Reconcile `resource` objects; changes to `owns` objects map to their controlling owner.
 
+        `transforms`: per resource (primary or owned), what its cache keeps of each
+        object (a k8s_http.Projection); default: everything but managedFields.
         `owns_label_selector` narrows the owned watches server-side so the
         cache holds only our children (e.g. a managed-by label).
         `reconcile_timeout_seconds`: failures past it count as timeouts (runner.py).
@@ -215,12 +226,21 @@ class Manager:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         name = name or (resource.kind or resource.plural).lower()
+        transforms = transforms or {}
+        for watched, selector in [(resource, label_selector),
+                                  *((owned, owns_label_selector) for owned in owns)]:
+            shared = self._informers.get((watched, selector))
+            wanted = transforms.get(watched)
+            if shared is not None and wanted is not None and shared.store.transform is not wanted:
+                # One cache per (resource, selector): controllers sharing it must agree on
+                # what it keeps, or one would read fields the other's projection dropped.
+                raise ValueError(f"the informer for {watched} already has another transform")
         queue = WorkQueue(name, metrics=self.metrics, clock=self._clock)
-        primary = self._informer(resource, label_selector)
+        primary = self._informer(resource, label_selector, transforms.get(resource))
         primary.add_handler(own_key, queue)
         informers = [primary]
         for owned in owns:
-            informer = self._informer(owned, owns_label_selector)
+            informer = self._informer(owned, owns_label_selector, transforms.get(owned))
             informer.add_handler(owner_key(resource.kind, resource.group), queue)
             informers.append(informer)
         runner = Runner(name, queue, reconcile, workers=workers, metrics=self.metrics,
@@ -243,17 +263,23 @@ class Manager:
                                  asynchronous=True)
         self._recorders.append((recorder, timeout_seconds))
         return recorder
-    def store_for(self, resource: Resource, label_selector: str | None = None) -> Store:
+    def store_for(self, resource: Resource, label_selector: str | None = None, *,
+                  transform: Callable[[dict], dict] | None = None) -> Store:
         """The cache of `resource` (objects matching `label_selector`), created now if new.
 
         For a reconciler to receive its caches before it is registered: a later
         `add_controller` watching the same resource with the same selector (as
         primary or in `owns` with `owns_label_selector`) shares this informer.
         A cache no controller watches is still filled and counts for readiness.
+        `transform`: what the cache keeps of each object (a k8s_http.Projection),
+        as add_controller's `transforms`; a cache made with another is refused.
         """
         if self._started:
             raise RuntimeError("store_for() after start()")
-        return self._informer(resource, label_selector).store
+        shared = self._informers.get((resource, label_selector))
+        if shared is not None and transform is not None and shared.store.transform is not transform:
+            raise ValueError(f"the informer for {resource} already has another transform")
+        return self._informer(resource, label_selector, transform).store
 
     def store(self, resource: Resource, label_selector: str | None = None) -> Store:
         """The existing cache of `resource`; with one informer per resource the selector
@@ -342,6 +368,10 @@ class Manager:
         if self._started:
             return
         self._started = True
+        # Before any thread of ours allocates: threads share MALLOC_ARENAS arenas
+        # (allocator.py; an operator's MALLOC_ARENA_MAX in the environment wins).
+        if "MALLOC_ARENA_MAX" not in os.environ:
+            limit_arenas(MALLOC_ARENAS)
         self._start_servers()
         for informer in self._informers.values():
             informer.start()
@@ -387,10 +417,18 @@ class Manager:
                 return False
         return True
 
+    def _busy(self) -> bool:
+        """A key is ready in a queue or a reconcile is in flight."""
+        return any(len(c.queue) or not c.runner.wait_idle(0.0) for c in self._controllers)
+
     def _supervise(self) -> None:
         next_resync = self._clock() + self.resync_period_seconds
+        # The memory a burst of reconciles (or the initial lists) freed goes back
+        # to the kernel when it ends, so RSS follows the cache, not the last burst.
+        trimmer = TrimAfterBursts(self._busy, clock=self._clock)
         while not self._stop.wait(SUPERVISE_INTERVAL_SECONDS):
             try:
+                trimmer.tick()
                 for informer in self._informers.values():
                     informer.restart_if_dead()
                 for controller in self._controllers:

@@ -60,6 +60,7 @@ class Store:
 
     def __init__(self, *, transform: Callable[[dict], dict] | None = strip_managed_fields,
                  indexers: Mapping[str, Indexer] | None = None):
+        self.transform = transform      # as given: the Manager compares it
         self._transform = transform or (lambda obj: obj)
         self._indexers: dict[str, Indexer] = {**DEFAULT_INDEXERS, **(indexers or {})}
         self._lock = threading.Lock()

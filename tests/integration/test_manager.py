@@ -6,7 +6,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http import CONFIGMAPS, SERVICES, Manager, ObjectKey, Result
+from k8s_http import CONFIGMAPS, SERVICES, Manager, ObjectKey, Projection, Result
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.wait import eventually
 
@@ -185,6 +185,8 @@ def test_events_are_posted_from_their_own_thread_and_flushed_on_stop(server):
     assert all(e["source"]["component"] == "test" for e in events)
     assert recorder._sender is not None and recorder._sender.name == "event-sender"
     assert recorder.event(events[0], "Normal", "Late", "after stop") is False
+
+
 def test_a_reconciler_gets_its_caches_before_it_is_registered(server):
     """store_for() makes the cache before add_controller; the controller's own watches
     (primary, and owned kinds under the same selector) share it: one informer each."""
@@ -212,3 +214,43 @@ def test_a_reconciler_gets_its_caches_before_it_is_registered(server):
             mgr.store_for(CONFIGMAPS)
     finally:
         assert mgr.stop() == 0
+
+
+def test_each_cache_keeps_what_its_transform_keeps(server):
+    # transforms= reaches the informers: the listed object, the watched change and
+    # the object in the store are all projected; another controller may not
+    # share the cache with another projection.
+    server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "a", "labels": {"x": "1"}},
+                                               "data": {"big": "x" * 1000, "k": "v"}})
+    keep = Projection(["metadata.name", "metadata.namespace", "metadata.resourceVersion",
+                       "data.k"])
+    mgr = _manager(server)
+    seen = []
+    mgr.add_controller(CONFIGMAPS, lambda key: seen.append(mgr.store(CONFIGMAPS).get(key)),
+                       workers=1, transforms={CONFIGMAPS: keep})
+    with pytest.raises(ValueError):
+        mgr.add_controller(CONFIGMAPS, lambda key: None, name="other",
+                           transforms={CONFIGMAPS: Projection(["metadata"])})
+    assert mgr.store(CONFIGMAPS).transform is keep      # the refused one changed nothing
+    mgr.start()
+    try:
+        eventually(lambda: seen and seen[-1] is not None)
+        assert seen[-1]["data"] == {"k": "v"} and "labels" not in seen[-1]["metadata"]
+        obj = server.get_object(CONFIGMAPS.path(NS, "a"))
+        obj["data"]["k"] = "w"
+        server.update_object(CONFIGMAPS.path(NS), obj)
+        eventually(lambda: seen[-1] is not None and seen[-1]["data"] == {"k": "w"})
+        assert set(seen[-1]["metadata"]) == {"name", "namespace", "resourceVersion"}
+    finally:
+        assert mgr.stop() == 0
+
+
+def test_store_for_takes_a_transform_and_refuses_another_for_the_same_cache(server):
+    keep = Projection(["metadata.name", "metadata.namespace", "metadata.resourceVersion"])
+    mgr = _manager(server)
+    store = mgr.store_for(CONFIGMAPS, transform=keep)
+    assert store.transform is keep and mgr.store_for(CONFIGMAPS, transform=keep) is store
+    with pytest.raises(ValueError, match="another transform"):
+        mgr.store_for(CONFIGMAPS, transform=Projection(["metadata"]))
+    mgr.add_controller(CONFIGMAPS, lambda key: None, transforms={CONFIGMAPS: keep})
+    assert mgr.store(CONFIGMAPS) is store

@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 
 LAYERS = {
-    "errors": 0, "objects": 0, "defaults": 0, "quantity": 0, "names": 0,
+    "errors": 0, "objects": 0, "defaults": 0, "quantity": 0, "names": 0, "projection": 0, "allocator": 0,
     "applydiff": 1, "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
     "credentials": 2, "tls": 2, "urls": 2, "stream": 2, "flags": 2,
     "kubeconfig": 3,
@@ -133,6 +133,8 @@ EXPECTED_API = [
     # the apiserver's name rules
     "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
     "is_resource_name",
+    # what a cache keeps
+    "Projection", "DroppedFieldRead",
     # logging and events
     "setup_logging", "EventRecorder",
     # command line: the standard manager flags

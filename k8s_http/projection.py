@@ -1,0 +1,228 @@
+"""Projection: a cache keeps only the fields its code reads, with repeated strings stored once.
+
+An application declares, per informer, the paths it reads; `Projection(paths)`
+is then the Store's transform. A path is a dotted string ("metadata.name") or a
+tuple of segments for keys that contain dots (("metadata", "annotations",
+"mine.jp/config-hash")). A segment ending in "[]" says the value is a list: the
+rest of the path applies to each of its items ("spec.ports[].port"). "*"
+stands for every key of a map ("metadata.labels.*" is the same as
+"metadata.labels"). The last segment keeps its whole value.
+
+Invariants the Store relies on:
+  * the projection is a pure function of the object and idempotent
+    (projecting a projected object gives an equal object): the watcher
+    projects listed pages and the Store projects again on the way in;
+  * it builds new containers and never mutates its input, and it keeps a
+    value of an unexpected shape (a list where a map was declared, say) whole,
+    so the code reading it sees the real value, not an absence.
+
+Interning: every map key, and every string value except those under
+`distinct` paths (a resourceVersion, an object's own uid: unique and short-lived,
+sharing them would only grow the table), is looked up in a bounded table
+shared by all projections, so namespaces, label keys and values, image
+names, kinds and apiVersions, condition types and reasons, and the name and
+uid a child shares with its owner are stored once for the whole process.
+
+`Projection.guarded(obj)` is for tests: the projected object in which reading a
+key the projection dropped (present in `obj`, not kept) raises DroppedFieldRead,
+so a new read of an unprojected field fails a test instead of comparing as missing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+__all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
+
+Path = str | tuple[str, ...]
+
+
+class Interner:
+    """A bounded table of shared strings (sys.intern's strings are immortal on some
+    Pythons, and a cache must not pin the names of objects deleted long ago).
+
+    When the table reaches `max_entries` it is emptied: strings already shared stay
+    shared (their objects hold them), new ones start a new generation. Lookups are
+    dict operations, atomic under the GIL; the lock only guards the reset.
+    """
+
+    def __init__(self, max_entries: int = 1 << 18):
+        self.max_entries = max_entries
+        self._table: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        table = self._table
+        found = table.get(value)
+        if found is not None:
+            return found
+        if len(table) >= self.max_entries:
+            with self._lock:
+                if self._table is table:
+                    self._table = {}
+            table = self._table
+        return table.setdefault(value, value)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+INTERNER = Interner()
+
+
+class DroppedFieldRead(AssertionError):
+    """A read of a field the projection dropped (only raised by `Projection.guarded`)."""
+
+
+# A compiled declaration: key -> subtree, where None keeps the whole value.
+# "*" applies to every key not named. `_DISTINCT` marks a leaf whose strings are
+# not interned.
+_DISTINCT = "\0distinct"
+
+
+def _segments(path: Path) -> tuple[str, ...]:
+    parts = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
+    if not parts or any(not p for p in parts):
+        raise ValueError(f"bad projection path {path!r}")
+    return tuple(p[:-2] if p.endswith("[]") else p for p in parts)
+
+
+def _compile(keep: Iterable[Path], distinct: Iterable[Path]) -> dict:
+    tree: dict = {}
+
+    def add(parts: tuple[str, ...], leaf: object) -> None:
+        node = tree
+        for part in parts[:-1]:
+            child = node.get(part, {})
+            if child is None or child == _DISTINCT:
+                return              # an ancestor is kept whole already
+            node = node.setdefault(part, child)
+        last = parts[-1]
+        if leaf == _DISTINCT:
+            if last not in node:
+                raise ValueError(f"distinct path {'.'.join(parts)!r} is not kept")
+            node[last] = _DISTINCT
+        else:
+            node[last] = None       # whole value: replaces any narrower declaration
+
+    for path in sorted(keep, key=lambda p: len(_segments(p))):
+        add(_segments(path), None)
+    for path in distinct:
+        add(_segments(path), _DISTINCT)
+    return tree
+
+
+class Projection:
+    """A Store transform keeping only `keep` paths (see the module docstring)."""
+
+    def __init__(self, keep: Iterable[Path], *, distinct: Iterable[Path] = (),
+                 interner: Interner | None = INTERNER):
+        keep, distinct = list(keep), list(distinct)
+        # The declaration as segments, for tests that drop one path on purpose.
+        self.paths = tuple(_segments(p) for p in keep)
+        self.distinct = tuple(_segments(p) for p in distinct)
+        self._tree = _compile(keep, distinct)
+        self._intern = interner if interner is not None else (lambda s: s)
+
+    def __call__(self, obj: dict) -> dict:
+        return self._node(obj, self._tree)
+
+    def guarded(self, obj: dict) -> dict:
+        """The projection of `obj` where reading a dropped key raises DroppedFieldRead."""
+        return self._node(obj, self._tree, guard=True)
+
+    # ---- the walk -----------------------------------------------------------
+
+    def _node(self, value: object, tree: dict | None | str, guard: bool = False,
+              where: str = "") -> object:
+        if tree is None:
+            return self._whole(value)
+        if tree == _DISTINCT:
+            return value
+        if isinstance(value, list):
+            return [self._node(item, tree, guard, f"{where}[]") for item in value]
+        if not isinstance(value, dict):
+            return self._whole(value)       # unexpected shape: keep it as it is
+        out = {}
+        dropped = []
+        every = tree.get("*", False)
+        for key, item in value.items():
+            sub = tree.get(key, every)
+            if sub is False:
+                dropped.append(key)
+                continue
+            out[self._intern(key) if isinstance(key, str) else key] = \
+                self._node(item, sub, guard, f"{where}.{key}" if where else key)
+        if guard and dropped:
+            return _Guarded(out, dropped, where)
+        return out
+
+    def _whole(self, value: object) -> object:
+        """A copy with every string interned (keys and values)."""
+        if isinstance(value, str):
+            return self._intern(value)
+        if isinstance(value, dict):
+            intern = self._intern
+            return {intern(k) if isinstance(k, str) else k: self._whole(v)
+                    for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._whole(v) for v in value]
+        return value
+
+
+class _Guarded(dict):
+    """A projected map that remembers the keys it dropped and raises on reading them.
+
+    Iterating it (keys, items, values, len, copy) would read the dropped keys'
+    absence too, so it raises as well: code that walks a whole map must have it kept whole.
+    Its truth value is the original's (non-empty), so `x.get("metadata") or {}` still works.
+    """
+
+    def __init__(self, kept: dict, dropped: list, where: str):
+        super().__init__(kept)
+        self._dropped = frozenset(dropped)
+        self._where = where
+
+    def _check(self, key: object) -> None:
+        if key in self._dropped:
+            where = f"{self._where}.{key}" if self._where else str(key)
+            raise DroppedFieldRead(f"read of {where}, which the projection drops")
+
+    def _whole(self, what: str):
+        where = self._where or "the object"
+        raise DroppedFieldRead(f"{what} of {where}, whose keys "
+                               f"{sorted(map(str, self._dropped))} the projection drops")
+
+    def __getitem__(self, key):
+        self._check(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self._check(key)
+        return super().get(key, default)
+
+    def __contains__(self, key) -> bool:
+        self._check(key)
+        return super().__contains__(key)
+
+    def __iter__(self):
+        self._whole("iteration")
+
+    def keys(self):
+        self._whole("keys()")
+
+    def items(self):
+        self._whole("items()")
+
+    def values(self):
+        self._whole("values()")
+
+    def __len__(self) -> int:
+        self._whole("len()")
+
+    def __bool__(self) -> bool:
+        return True          # the object's map had keys (the dropped ones at least)
+
+    def __reduce_ex__(self, protocol):
+        self._whole("a copy")

@@ -1,0 +1,144 @@
+"""k8s_http.projection: what a cache keeps, strings stored once, the guard for tests."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from k8s_http import DroppedFieldRead, Projection
+from k8s_http.projection import Interner
+from k8s_http.store import Store
+
+
+def deployment(name="web", rv="7", image="registry.example/app:1.2"):
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {
+            "name": name, "namespace": "team-a", "uid": f"uid-{name}", "resourceVersion": rv,
+            "generation": 2, "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"app": name, "tier": "web"},
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}",
+                            "mine.jp/config-hash": "abc"},
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {
+            "replicas": 3, "revisionHistoryLimit": 10,
+            "template": {"spec": {"containers": [
+                {"name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
+                 "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"x": 1}}]},
+                {"name": "sidecar", "image": "proxy:2", "args": ["--verbose"]},
+            ]}},
+        },
+        "status": {"replicas": 3, "conditions": [
+            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+             "message": f"Deployment {name} has minimum availability.",
+             "lastUpdateTime": "2026-01-01T00:00:01Z"}]},
+    }
+
+
+PROJECTION = Projection([
+    "apiVersion", "kind", "metadata.name", "metadata.namespace", "metadata.resourceVersion",
+    "metadata.labels", ("metadata", "annotations", "mine.jp/config-hash"),
+    "spec.replicas", "spec.template.spec.containers[].name",
+    "spec.template.spec.containers[].image", "spec.template.spec.containers[].env[].name",
+    "status.conditions[].type", "status.conditions[].reason", "status.conditions[].message",
+], distinct=["metadata.resourceVersion", "status.conditions[].message"], interner=Interner())
+
+
+def test_keeps_the_declared_paths_and_nothing_else():
+    assert PROJECTION(deployment()) == {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "team-a", "resourceVersion": "7",
+                     "labels": {"app": "web", "tier": "web"},
+                     "annotations": {"mine.jp/config-hash": "abc"}},
+        "spec": {"replicas": 3, "template": {"spec": {"containers": [
+            {"name": "app", "image": "registry.example/app:1.2",
+             "env": [{"name": "A"}, {"name": "B"}]},
+            {"name": "sidecar", "image": "proxy:2"},
+        ]}}},
+        "status": {"conditions": [{"type": "Available", "reason": "MinimumReplicasAvailable",
+                                   "message": "Deployment web has minimum availability."}]},
+    }
+
+
+def test_the_input_is_not_mutated_and_the_projection_is_idempotent():
+    obj = deployment()
+    before = copy.deepcopy(obj)
+    once = PROJECTION(obj)
+    assert obj == before
+    assert PROJECTION(once) == once      # the watcher projects pages, the Store again
+
+
+def test_a_value_of_unexpected_shape_is_kept_whole():
+    obj = deployment()
+    obj["spec"]["template"]["spec"]["containers"] = "not a list"
+    obj["metadata"]["labels"] = ["odd"]
+    out = PROJECTION(obj)
+    assert out["spec"]["template"]["spec"]["containers"] == "not a list"
+    assert out["metadata"]["labels"] == ["odd"]
+
+
+def test_star_and_a_whole_ancestor():
+    projection = Projection(["metadata.labels.*", "metadata", "metadata.labels.x"],
+                            interner=Interner())
+    obj = deployment()
+    assert projection(obj)["metadata"] == {k: v for k, v in obj["metadata"].items()}
+
+
+def test_bad_declarations_are_refused():
+    with pytest.raises(ValueError):
+        Projection(["metadata..name"])
+    with pytest.raises(ValueError):
+        Projection(["metadata.name"], distinct=["metadata.uid"])
+
+
+def test_repeated_strings_are_stored_once_distinct_ones_are_not_shared():
+    a = PROJECTION(deployment("one", rv="".join(["1", "2"]), image="".join(["img", ":1"])))
+    b = PROJECTION(deployment("two", rv="".join(["1", "2"]), image="".join(["img", ":1"])))
+    image = lambda o: o["spec"]["template"]["spec"]["containers"][0]["image"]  # noqa: E731
+    assert image(a) is image(b)
+    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
+    key_a = next(k for k in a["metadata"]["annotations"])
+    key_b = next(k for k in b["metadata"]["annotations"])
+    assert key_a is key_b
+    # resourceVersions are unique and short-lived: not put in the table
+    assert a["metadata"]["resourceVersion"] == b["metadata"]["resourceVersion"]
+    assert a["metadata"]["resourceVersion"] is not b["metadata"]["resourceVersion"]
+
+
+def test_the_intern_table_is_bounded():
+    table = Interner(max_entries=3)
+    for i in range(10):
+        table(f"s{i}")
+        assert len(table) <= 3
+    first = table("".join(["x", "y"]))
+    assert table("".join(["x", "y"])) is first
+
+
+def test_guarded_raises_on_dropped_fields_only():
+    obj = PROJECTION.guarded(deployment())
+    assert obj["metadata"]["name"] == "web"
+    assert obj["metadata"].get("deletionTimestamp") is None     # absent, not dropped
+    assert obj.get("metadata") or {}                            # truthiness still works
+    for read in (lambda: obj["metadata"]["uid"], lambda: obj["metadata"].get("managedFields"),
+                 lambda: "revisionHistoryLimit" in obj["spec"],
+                 lambda: obj["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"],
+                 lambda: obj["status"]["conditions"][0].get("status"),
+                 lambda: list(obj["metadata"]), lambda: obj["spec"].items(),
+                 lambda: copy.deepcopy(obj)):
+        with pytest.raises(DroppedFieldRead):
+            read()
+    # a whole-kept map is a plain dict
+    assert dict(obj["metadata"]["labels"]) == {"app": "web", "tier": "web"}
+
+
+def test_the_store_projects_lists_events_and_our_own_write_answers():
+    store = Store(transform=PROJECTION)
+    store.replace([deployment("a")])
+    store.upsert(deployment("b"))
+    token = store.begin_write()
+    store.end_write(token, deployment("c"))
+    for name in "abc":
+        cached = store.get(type(store.keys()[0])("team-a", name))
+        assert "managedFields" not in cached["metadata"] and "uid" not in cached["metadata"]
