@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -230,5 +231,17 @@ def strip_managed_fields(obj: dict) -> dict:
     return obj
 
 
+# (whole second, its text): the text changes once a second, and every status
+# computed asks for it. One tuple, replaced whole, so threads never see half of it.
+_last_second: tuple[int, str] = (-1, "")
+
+
 def rfc3339_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current UTC time to the second, as Kubernetes writes timestamps."""
+    global _last_second
+    second = int(time.time())
+    cached = _last_second
+    if cached[0] != second:
+        text = _dt.datetime.fromtimestamp(second, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cached = _last_second = (second, text)
+    return cached[1]

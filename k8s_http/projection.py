@@ -31,7 +31,7 @@ so a new read of an unprojected field fails a test instead of comparing as missi
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
 
@@ -66,6 +66,16 @@ class Interner:
 
     def __len__(self) -> int:
         return len(self._table)
+
+    def bound(self) -> Callable[[str, str], str]:
+        """The current table's `setdefault`, for interning many strings in a row
+        (`intern(s, s)`: one C call each, where `self(s)` is a Python call). The
+        size limit is checked here, once per batch: a batch may overshoot it."""
+        if len(self._table) >= self.max_entries:
+            with self._lock:
+                if len(self._table) >= self.max_entries:
+                    self._table = {}
+        return self._table.setdefault
 
 
 INTERNER = Interner()
@@ -123,27 +133,33 @@ class Projection:
         self.paths = tuple(_segments(p) for p in keep)
         self.distinct = tuple(_segments(p) for p in distinct)
         self._tree = _compile(keep, distinct)
-        self._intern = interner if interner is not None else (lambda s: s)
+        self._interner = interner
+
+    def _bound_intern(self) -> Callable[[str, str], str]:
+        return self._interner.bound() if self._interner is not None else _keep_as_is
 
     def __call__(self, obj: dict) -> dict:
-        return self._node(obj, self._tree)
+        return self._node(obj, self._tree, self._bound_intern())
 
     def guarded(self, obj: dict) -> dict:
         """The projection of `obj` where reading a dropped key raises DroppedFieldRead."""
-        return self._node(obj, self._tree, guard=True)
+        return self._node(obj, self._tree, self._bound_intern(), guard=True)
 
     # ---- the walk -----------------------------------------------------------
+    # `intern(s, s)` is the interner's table's setdefault (Interner.bound): one C
+    # call per string, which matters at fifty-odd strings per Deployment event.
 
-    def _node(self, value: object, tree: dict | None | str, guard: bool = False,
+    def _node(self, value: object, tree: dict | None | str, intern, guard: bool = False,
               where: str = "") -> object:
         if tree is None:
-            return self._whole(value)
+            return self._whole(value, intern)
         if tree == _DISTINCT:
             return value
         if isinstance(value, list):
-            return [self._node(item, tree, guard, f"{where}[]") for item in value]
+            inner = f"{where}[]" if guard else ""
+            return [self._node(item, tree, intern, guard, inner) for item in value]
         if not isinstance(value, dict):
-            return self._whole(value)       # unexpected shape: keep it as it is
+            return self._whole(value, intern)       # unexpected shape: keep it as it is
         out = {}
         dropped = []
         every = tree.get("*", False)
@@ -152,23 +168,45 @@ class Projection:
             if sub is False:
                 dropped.append(key)
                 continue
-            out[self._intern(key) if isinstance(key, str) else key] = \
-                self._node(item, sub, guard, f"{where}.{key}" if where else key)
+            # Leaves are handled here rather than by a call per field.
+            if sub is None and item.__class__ is str:
+                kept = intern(item, item)
+            elif sub is None and not isinstance(item, (dict, list)):
+                kept = item
+            elif sub is None:
+                kept = self._whole(item, intern)
+            elif sub.__class__ is str:               # _DISTINCT: kept as it is
+                kept = item
+            else:
+                # The path text only matters to a guarded projection's error messages.
+                inner = (f"{where}.{key}" if where else key) if guard else ""
+                kept = self._node(item, sub, intern, guard, inner)
+            out[intern(key, key) if key.__class__ is str else key] = kept
         if guard and dropped:
             return _Guarded(out, dropped, where)
         return out
 
-    def _whole(self, value: object) -> object:
+    def _whole(self, value: object, intern) -> object:
         """A copy with every string interned (keys and values)."""
-        if isinstance(value, str):
-            return self._intern(value)
-        if isinstance(value, dict):
-            intern = self._intern
-            return {intern(k) if isinstance(k, str) else k: self._whole(v)
+        cls = value.__class__
+        if cls is str:
+            return intern(value, value)
+        if cls is dict:
+            whole = self._whole
+            return {(intern(k, k) if k.__class__ is str else k):
+                    (intern(v, v) if v.__class__ is str else
+                     whole(v, intern) if v.__class__ in (dict, list) else v)
                     for k, v in value.items()}
-        if isinstance(value, list):
-            return [self._whole(v) for v in value]
+        if cls is list:
+            return [self._whole(v, intern) for v in value]
+        if isinstance(value, str):                   # a str subclass: as str would be
+            return intern(value, value)
         return value
+
+
+def _keep_as_is(value: str, _default: str) -> str:
+    """The intern function of a Projection without an interner."""
+    return value
 
 
 class _Guarded(dict):

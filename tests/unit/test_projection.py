@@ -142,3 +142,15 @@ def test_the_store_projects_lists_events_and_our_own_write_answers():
     for name in "abc":
         cached = store.get(type(store.keys()[0])("team-a", name))
         assert "managedFields" not in cached["metadata"] and "uid" not in cached["metadata"]
+
+
+def test_a_projection_interns_through_the_tables_setdefault_and_keeps_the_bound():
+    from k8s_http.projection import Interner, Projection
+    interner = Interner(max_entries=4)
+    keep = Projection(["metadata.name", "metadata.labels"], interner=interner)
+    first = keep({"metadata": {"name": "a" * 3, "labels": {"k": "v"}}})
+    again = keep({"metadata": {"name": "".join(["a"] * 3), "labels": {"k": "v"}}})
+    assert again["metadata"]["name"] is first["metadata"]["name"]      # shared
+    for i in range(10):                                                 # over the bound:
+        keep({"metadata": {"name": f"n{i}", "labels": {}}})             # emptied per batch
+    assert len(interner) <= 4 + 3
