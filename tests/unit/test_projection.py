@@ -146,11 +146,13 @@ def test_the_store_projects_lists_events_and_our_own_write_answers():
 
 def test_a_projection_interns_through_the_tables_setdefault_and_keeps_the_bound():
     from k8s_http.projection import Interner, Projection
-    interner = Interner(max_entries=4)
+    interner = Interner(max_entries=100)
     keep = Projection(["metadata.name", "metadata.labels"], interner=interner)
     first = keep({"metadata": {"name": "a" * 3, "labels": {"k": "v"}}})
     again = keep({"metadata": {"name": "".join(["a"] * 3), "labels": {"k": "v"}}})
     assert again["metadata"]["name"] is first["metadata"]["name"]      # shared
-    for i in range(10):                                                 # over the bound:
-        keep({"metadata": {"name": f"n{i}", "labels": {}}})             # emptied per batch
-    assert len(interner) <= 4 + 3
+    small = Interner(max_entries=8)
+    keep = Projection(["metadata.name"], interner=small)
+    for i in range(50):                     # the bound is checked once per object
+        keep({"metadata": {"name": f"n{i}"}})
+    assert len(small) <= 8 + 3
