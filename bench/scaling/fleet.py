@@ -115,7 +115,8 @@ class Fleet:
             return Growth(0, 0.0)
         start, t0 = self.size, time.monotonic()
         done = 0
-        with ThreadPoolExecutor(self.threads) as pool:
+        pool = ThreadPoolExecutor(self.threads)
+        try:
             work = pool.map(lambda i: make_converged(self.client, self.namespace, fleet_name(i)),
                             range(start, target))
             for _ in work:                    # raises the first failure
@@ -123,5 +124,8 @@ class Fleet:
                 if done % 5000 == 0:
                     rate = done / (time.monotonic() - t0)
                     self.progress(f"fleet {start + done}/{target} ({rate:.0f} My/s)")
+        finally:
+            # On a failure or Ctrl-C, drop the queued creates rather than wait for them all.
+            pool.shutdown(wait=True, cancel_futures=True)
         self.size = target
         return Growth(target - start, time.monotonic() - t0)

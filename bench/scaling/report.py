@@ -104,7 +104,13 @@ def write_markdown(path: Path, data: dict, before: dict | None = None) -> None:
     largest = sizes[-1] if sizes else "0"
     slopes = data.get("slopes", {})
     out = ["## Scale: operators started over an existing, converged fleet", "",
-           f"    {meta.get('command', 'python bench/scale.py')}", "", _provenance(meta), "",
+           f"    {meta.get('command', 'python bench/scale.py')}", "", _provenance(meta), ""]
+    planned = [str(s) for s in settings.get("sizes", [])]
+    if planned and planned != sizes:
+        out += [f"**Stopped early**: sizes measured {', '.join(f'{int(s):,}' for s in sizes)} "
+                f"of the planned {', '.join(f'{int(s):,}' for s in planned)} (the file was "
+                "saved after each size; the figures below are from the sizes measured).", ""]
+    out += [
            "Method: one local control plane with the Deployment and ReplicaSet controllers "
            "off (no ReplicaSets, no Pods); the bench grows one fleet of converged `My` "
            "(children rendered by controller.py's own render functions and applied under its "

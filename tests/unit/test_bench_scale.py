@@ -206,3 +206,16 @@ def test_markdown_has_slopes_goals_and_the_before_column(tmp_path):
     assert "3 patch my/status" in text
     goal_lines = [report.goal_text(g) for g in data["goals"]]
     assert any("MISSED" in line for line in goal_lines)
+
+
+def test_markdown_of_a_run_stopped_early_says_which_sizes_it_has(tmp_path):
+    data = {"settings": {"operators": ["ours-w4"], "sizes": [0, 1000, 30000],
+                         "settle_seconds": 10.0, "idle_seconds": 30.0},
+            "fleet": [], "bare": {},
+            "runs": {"0": {"ours-w4": _run(0.4, 30.0)}, "1000": {"ours-w4": _run(0.6, 40.0)}}}
+    import scale
+    scale.summarise(data)
+    out = tmp_path / "RESULTS.scale.md"
+    report.write_markdown(out, data)
+    assert "**Stopped early**: sizes measured 0, 1,000 of the planned 0, 1,000, 30,000" \
+        in out.read_text()
