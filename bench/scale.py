@@ -55,6 +55,7 @@ from convergence import footprint  # noqa: E402
 from convergence.cluster import BenchCluster  # noqa: E402
 from convergence.operators import OperatorProcess, OurOperator, KopfOperator  # noqa: E402
 from scaling import analysis, report  # noqa: E402
+from scaling import bare as bare_client  # noqa: E402
 from scaling.fleet import Fleet  # noqa: E402
 from tests.support import controlplane  # noqa: E402
 
@@ -244,7 +245,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="any of ours-wN, cr-wN, kopf (default %(default)s)")
     p.add_argument("--kopf-max-size", type=int, default=1000,
                    help="kopf only up to this size (default %(default)s)")
-    p.add_argument("--bare-mode", default="paged", help="bench/scaling/bare.py's --mode")
+    p.add_argument("--bare-mode", default=bare_client.DEFAULT_MODE,
+                   choices=sorted(bare_client.LISTERS),
+                   help="bench/scaling/bare.py's --mode: stream once issue 17a's "
+                        "bench/scale_bare.py is there, else paged (default %(default)s)")
     p.add_argument("--threads", type=int, default=16, help="fleet-creating threads")
     p.add_argument("--settle-seconds", type=float, default=10.0)
     p.add_argument("--idle-seconds", type=float, default=30.0)

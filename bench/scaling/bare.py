@@ -12,9 +12,10 @@ and times it from spawn to exit too, as it times an operator from spawn to ready
 
 The seam: LISTERS maps a mode to a function (client, resource, namespace,
 label_selector) -> items read. "paged" is the paged list every client has
-(500 per page, each page parsed whole, then dropped); the streaming list
-(issue 17a: watch with sendInitialEvents=true up to the initial-events-end
-bookmark) goes in as another mode once k8s_http has it.
+(500 per page, each page parsed whole, then dropped). "stream" is issue 17a's
+bench/scale_bare.py (a watch with sendInitialEvents=true up to the
+initial-events-end bookmark, paged where refused): registered, and the default,
+as soon as that module can be imported; until then "paged" is all there is.
 """
 
 from __future__ import annotations
@@ -57,7 +58,23 @@ def paged_list(client: ApiClient, resource, namespace: str, label_selector: str 
     return count
 
 
+def streaming_list(client: ApiClient, resource, namespace: str, label_selector: str | None) -> int:
+    """Issue 17a's bench/scale_bare.measure: one streaming list (sendInitialEvents) up to
+    its end bookmark, events dropped; it times a paged list itself where the apiserver
+    refuses to stream. It takes no label selector: in the fleet's namespace every
+    Deployment and Service carries the operator's label, so it reads the same objects."""
+    from scale_bare import measure       # bench/scale_bare.py (issue 17a)
+    return measure(client, resource, namespace)["objects"]
+
+
 LISTERS = {"paged": paged_list}
+try:                                      # present once issue 17a's branch is merged
+    import scale_bare  # noqa: F401
+except ImportError:
+    DEFAULT_MODE = "paged"
+else:
+    LISTERS["stream"] = streaming_list
+    DEFAULT_MODE = "stream"
 READS = ((MY, None), (DEPLOYMENTS, MANAGED_SELECTOR), (SERVICES, MANAGED_SELECTOR))
 
 
@@ -89,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--namespace", required=True)
-    parser.add_argument("--mode", choices=sorted(LISTERS), default="paged")
+    parser.add_argument("--mode", choices=sorted(LISTERS), default=DEFAULT_MODE)
     args = parser.parse_args(argv)
     try:
         config = load_config(args.kubeconfig)

@@ -219,3 +219,30 @@ def test_markdown_of_a_run_stopped_early_says_which_sizes_it_has(tmp_path):
     report.write_markdown(out, data)
     assert "**Stopped early**: sizes measured 0, 1,000 of the planned 0, 1,000, 30,000" \
         in out.read_text()
+
+
+# ---------------------------------------------------------------- the bare-client seam
+
+def test_bare_client_is_paged_until_the_streaming_helper_is_importable(monkeypatch):
+    import importlib
+    import types
+
+    from scaling import bare
+    monkeypatch.setitem(sys.modules, "scale_bare", None)     # import fails
+    bare = importlib.reload(bare)
+    assert (bare.DEFAULT_MODE, sorted(bare.LISTERS)) == ("paged", ["paged"])
+
+    calls = []
+    helper = types.ModuleType("scale_bare")
+    helper.measure = lambda client, resource, namespace=None: (
+        calls.append((client, resource, namespace)) or {"mode": "streaming", "objects": 7,
+                                                         "seconds": 0.1})
+    monkeypatch.setitem(sys.modules, "scale_bare", helper)
+    bare = importlib.reload(bare)
+    try:
+        assert bare.DEFAULT_MODE == "stream" and sorted(bare.LISTERS) == ["paged", "stream"]
+        assert bare.LISTERS["stream"]("client", "my", "ns", "a=b") == 7
+        assert calls == [("client", "my", "ns")]
+    finally:
+        monkeypatch.delitem(sys.modules, "scale_bare")
+        importlib.reload(bare)
