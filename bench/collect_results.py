@@ -7,8 +7,8 @@ versions and date; this only puts them together, in a fixed order.
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "leader", "image", "footprint",
-            "controlplane", "soak", "startup_list"]
+SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "scale", "startup_list", "leader",
+            "image", "footprint", "controlplane", "soak"]
 
 
 def main() -> None:

@@ -57,6 +57,7 @@ from bench.convergence.cluster import (BENCH_USER_AGENT, MY, OPERATOR_USER,  # n
                                        WRITE_VERBS, BenchCluster)
 from bench.convergence.operators import OurOperator  # noqa: E402
 from bench.convergence.scenarios import ENV_NAME, env_value as env_of  # noqa: E402
+from bench.scaling.analysis import fit_line  # noqa: E402
 from k8s_http.errors import K8sHttpError, NotFoundError  # noqa: E402
 from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
 from tests.support.faultproxy import FaultProxy, scenario  # noqa: E402
@@ -223,12 +224,8 @@ def slope_per_hour(samples: list[dict], key: str, after: float) -> float | None:
     points = [(s["t"], s[key]) for s in samples if s["t"] >= after]
     if len(points) < 3:
         return None
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    cov = sum((t - mean_t) * (v - mean_v) for t, v in points)
-    return cov / var * 3600 if var else None
+    line = fit_line(points)
+    return line.slope * 3600 if line else None
 
 
 def scrape(port: int) -> dict[str, float]:

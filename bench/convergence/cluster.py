@@ -72,9 +72,11 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
-def bench_control_plane(audit_dir: Path) -> ControlPlane:
+def bench_control_plane(audit_dir: Path, *, apiserver_args: tuple[str, ...] = (),
+                        controller_manager_args: tuple[str, ...] = ()) -> ControlPlane:
     """The project's control plane (state in a temp dir), with an apiserver audit log for
-    counting requests and a faster controller-manager."""
+    counting requests and a faster controller-manager. Extra flags come after the
+    defaults, so they override them (the last occurrence of a flag wins)."""
     policy = audit_dir / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     return ControlPlane(
@@ -84,9 +86,10 @@ def bench_control_plane(audit_dir: Path) -> ControlPlane:
             "--audit-log-format=json",
             "--audit-log-mode=blocking",   # written before the response: counts are exact
             "--audit-log-maxsize=0",       # never rotated under us
+            *apiserver_args,
         ],
         controller_manager_args=[f"--kube-api-qps={KCM_API_QPS}",
-                                 f"--kube-api-burst={KCM_API_BURST}"])
+                                 f"--kube-api-burst={KCM_API_BURST}", *controller_manager_args])
 
 
 @dataclass
@@ -191,9 +194,13 @@ class ApiserverMetrics:
 class BenchCluster:
     """A control plane (started here, or attached to) plus the bench's own client."""
 
-    def __init__(self, work_dir: Path, *, attach_dir: Path | None = None):
+    def __init__(self, work_dir: Path, *, attach_dir: Path | None = None,
+                 apiserver_args: tuple[str, ...] = (),
+                 controller_manager_args: tuple[str, ...] = ()):
         self.work_dir = work_dir
         self.attach_dir = attach_dir
+        self.extra_args = {"apiserver_args": apiserver_args,
+                           "controller_manager_args": controller_manager_args}
         self.plane: ControlPlane | None = None
         self.counter: AuditLog | ApiserverMetrics | None = None
         self.client: ApiClient | None = None
@@ -207,7 +214,7 @@ class BenchCluster:
                                         "one with `python -m tests.support.controlplane up`")
             self.counter = ApiserverMetrics(self.plane.server, self.plane.admin_ssl_context())
         else:
-            self.plane = bench_control_plane(self.work_dir)   # removed by stop()
+            self.plane = bench_control_plane(self.work_dir, **self.extra_args)  # removed by stop()
             self.plane.start()
             self.started_here = True
             self.counter = AuditLog(self.work_dir / "audit.log")

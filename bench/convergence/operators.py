@@ -231,17 +231,37 @@ class OurOperator(OperatorProcess):
 
 def reconciles_finished(metrics_port: int) -> int:
     """Reconciles finished since start (controller_runtime_reconcile_total, all results):
-    ours and controller-runtime export it under the same name."""
+    ours and controller-runtime export it under the same name. 0 while /metrics does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                     timeout=2.0) as resp:
             text = resp.read().decode()
     except OSError:
         return 0
+    return reconcile_total(text)
+
+
+RECONCILE_TOTAL = "controller_runtime_reconcile_total"
+
+
+def reconcile_total(text: str) -> int:
+    """Reconciles finished, all controllers and results, from /metrics text.
+
+    Only the counter's own samples count: `..._total{...} v` and `..._total v`;
+    the `_created` series and HELP/TYPE comments do not. A value that is not a
+    number raises ValueError (a broken exposition is not "0 reconciles").
+    """
     total = 0.0
     for line in text.splitlines():
-        if line.startswith("controller_runtime_reconcile_total{"):
-            total += float(line.rsplit(" ", 1)[1])
+        if not line.startswith(RECONCILE_TOTAL):
+            continue
+        rest = line[len(RECONCILE_TOTAL):]
+        if not rest or rest[0] not in "{ ":
+            continue                       # another metric sharing the prefix
+        value = rest.rsplit("}", 1)[-1].split()
+        if not value:
+            raise ValueError(f"no value in {line!r}")
+        total += float(value[0])
     return int(total)
 
 

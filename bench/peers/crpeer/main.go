@@ -101,11 +101,18 @@ func podLabels(name string) map[string]any {
 	return map[string]any{labelName: "my", labelInstance: name}
 }
 
-func childMeta(my *unstructured.Unstructured) map[string]any {
-	l := podLabels(my.GetName())
+// ownLabels are the children's and the pod template's labels, as controller.py's
+// labels_for: the same rendered object hashes the same in both operators, so
+// either finds a fleet the other made converged (bench/scale.py relies on it).
+func ownLabels(name string) map[string]any {
+	l := podLabels(name)
 	l[labelManagedBy] = fieldManager
+	return l
+}
+
+func childMeta(my *unstructured.Unstructured) map[string]any {
 	return map[string]any{
-		"name": my.GetName(), "namespace": my.GetNamespace(), "labels": l,
+		"name": my.GetName(), "namespace": my.GetNamespace(), "labels": ownLabels(my.GetName()),
 		"ownerReferences": []any{map[string]any{
 			"apiVersion": "mine.jp/v1", "kind": "My", "name": my.GetName(), "uid": string(my.GetUID()),
 			"controller": true, "blockOwnerDeletion": true,
@@ -148,7 +155,7 @@ func renderDeployment(my *unstructured.Unstructured, s spec) *unstructured.Unstr
 			"replicas": *s.Replicas,
 			"selector": map[string]any{"matchLabels": podLabels(my.GetName())},
 			"template": map[string]any{
-				"metadata": map[string]any{"labels": podLabels(my.GetName())},
+				"metadata": map[string]any{"labels": ownLabels(my.GetName())},
 				"spec":     map[string]any{"containers": []any{container}},
 			},
 		},

@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""Operators started over an existing, converged fleet: memory, start-up, writes, idle CPU.
+
+    python bench/scale.py                               # make bench-scale: 0, 1,000, 10,000 My
+    python bench/scale.py --sizes 0,1000 --operators ours-w4,cr-w4 --idle-seconds 10   # smoke
+    python bench/scale.py --sizes 0,1000,10000,30000,100000 --kopf-max-size 1000
+    python bench/scale.py --from-json bench/results/scale-<date>.json   # markdown only
+
+A local control plane (tests/support/controlplane.py through the convergence
+bench's BenchCluster: audit log for the writes) with the Deployment and
+ReplicaSet controllers off, so no ReplicaSets or Pods exist. The bench grows
+one fleet of converged `My` (bench/scaling/fleet.py: children rendered by
+controller.py itself, both statuses written) size by size, and at each size:
+
+  bare      a fresh process reads what the informers read at start-up and keeps
+            nothing (bench/scaling/bare.py; paged list until issue 17a's
+            streaming helper is switched in there)
+  operators each in turn (the order reversed at every other size), a fresh process
+            over the fleet's namespace: ready (ours /readyz; the controller-runtime
+            peer's "Starting workers", logged once its caches synced; kopf's
+            liveness), every key reconciled once (controller_runtime_reconcile_total
+            >= N from /metrics; kopf: its "... is processed" log lines), CPU, then
+            --settle-seconds untouched and --idle-seconds measured: idle CPU and the
+            settled RSS; writes over the whole run from the audit log (0 expected);
+            peak RSS (VmHWM).
+
+Per operator, the settled RSS over the sizes (size 0: the idle process) gives
+the per-object slope (least squares, KiB per My, its two children included).
+Goals of issue 17 are checked on ours and printed. Results:
+bench/results/scale-<date>.json and bench/RESULTS.scale.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for _path in (HERE, ROOT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import converge  # noqa: E402  (its operator factory, peer build and git helpers)
+from convergence import footprint  # noqa: E402
+from convergence.cluster import BenchCluster  # noqa: E402
+from convergence.operators import OperatorProcess, OurOperator, KopfOperator  # noqa: E402
+from scaling import analysis, report  # noqa: E402
+from scaling import bare as bare_client  # noqa: E402
+from scaling.fleet import Fleet  # noqa: E402
+from tests.support import controlplane  # noqa: E402
+
+OPERATORS = ("ours-w4", "cr-w4", "kopf")
+HEADLINE, REFERENCE = converge.HEADLINE, converge.REFERENCE
+NAMESPACE = "scale-fleet"
+# kopf keeps its bookkeeping in the objects (annotations on each My) and re-patches the
+# children its own way on start-up: over the shared fleet it would leave work for every
+# operator after it. It gets its own copy of the fleet, grown alongside up to
+# --kopf-max-size.
+KOPF_NAMESPACE = "scale-kopf"
+RESULTS = HERE / "results"
+MARKDOWN = HERE / "RESULTS.scale.md"
+
+# The controllers kept: ownerReference cascades, namespaces, ServiceAccounts. Without
+# the Deployment and ReplicaSet controllers no ReplicaSet or Pod is made: the fleet is
+# My + Deployment + Service, and the control plane has nothing to do between runs.
+KCM_CONTROLLERS = tuple(c for c in controlplane.KCM_CONTROLLERS
+                        if c not in ("deployment-controller", "replicaset-controller"))
+# Room for 1,048,574 Services (the default /16 holds 65,534: not enough for 100,000 My).
+SERVICE_CIDR = "10.0.0.0/12"
+# etcd's quota for 100,000 My (~2.5 GB of keys with their history before compaction).
+ETCD_QUOTA_BYTES = 8 * 1024 ** 3
+
+
+def plane_settings() -> None:
+    """The control plane this bench needs, set where tests/support/controlplane.py reads
+    them when it starts etcd and kube-controller-manager (module constants: flags given
+    again would not do, --controllers is a list that repeats append to, and the first
+    mention of a controller wins)."""
+    controlplane.KCM_CONTROLLERS = KCM_CONTROLLERS
+    controlplane.ETCD_QUOTA_BYTES = ETCD_QUOTA_BYTES
+
+
+def log(message: str) -> None:
+    print(f"[scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- one operator, one size
+
+def wait_ready(op: OperatorProcess, timeout: float) -> tuple[float, str]:
+    """Seconds from spawn to the operator's own "caches are filled" signal, and its name."""
+    if isinstance(op, OurOperator):
+        return op.wait_ready_for_startup(timeout), "/readyz 200"
+    if isinstance(op, KopfOperator):
+        return op.wait_started(timeout), "liveness 200"
+    # controller-runtime: its /readyz is healthz.Ping (200 before any cache syncs);
+    # "Starting workers" is logged once every informer of the controller has synced.
+    return op.wait_ready_for_startup(timeout), '"Starting workers" log line'
+
+
+def wait_reconciled(op: OperatorProcess, size: int, timeout: float,
+                    poll: float) -> tuple[float | None, int]:
+    """Seconds from spawn until `size` reconciles were counted (None: timed out)."""
+    deadline = op.started_at + timeout
+    while True:
+        count = op.processed_count()
+        if count >= size:
+            return time.monotonic() - op.started_at, count
+        if time.monotonic() > deadline:
+            return None, count
+        op.check_alive()
+        time.sleep(poll)
+
+
+def run_operator(bench: converge.Bench, cluster: BenchCluster, key: str, size: int,
+                 args) -> dict:
+    """A fresh process over the fleet at `size`: ready, all reconciled, idle, writes, RSS."""
+    op = bench.make_operator(key, KOPF_NAMESPACE if key == "kopf" else NAMESPACE)
+    timeout = args.timeout_seconds + size * args.timeout_per_my
+    mark = cluster.counter.mark()
+    plane_cpu0 = cluster.control_plane_cpu()
+    op.start(f"scale-{size}")
+    out: dict = {"label": op.label}
+    try:
+        out["ready_seconds"], out["ready_signal"] = wait_ready(op, timeout)
+        out["all_reconciled_seconds"], out["reconciles"] = wait_reconciled(
+            op, size, timeout, args.poll_seconds)
+        out["reconciled_signal"] = ("kopf log lines 'is processed'" if isinstance(op, KopfOperator)
+                                    else "controller_runtime_reconcile_total >= N")
+        out["cpu_seconds_to_all_reconciled"] = op.cpu_seconds()
+        out["peak_rss_mib_to_all_reconciled"] = op.peak_rss_bytes() / analysis.MIB
+        time.sleep(args.settle_seconds)
+        cpu0, t0 = op.cpu_seconds(), time.monotonic()
+        time.sleep(args.idle_seconds)
+        op.check_alive()
+        window = time.monotonic() - t0
+        out["idle_seconds"] = window
+        out["idle_cpu_percent"] = 100.0 * (op.cpu_seconds() - cpu0) / window
+        out["settled_rss_mib"] = op.rss_bytes() / analysis.MIB
+        out["peak_rss_mib"] = op.peak_rss_bytes() / analysis.MIB
+        out["cpu_seconds"] = op.cpu_seconds()
+    except Exception as err:              # recorded; the other operators and sizes go on
+        log(f"  {key} at {size}: FAILED: {err}")
+        out["error"] = str(err)
+    finally:
+        out["exit_code"] = op.stop()
+        counts = cluster.counter.since(mark)
+        out["writes"] = counts.writes
+        out["writes_by_kind"] = dict(sorted(counts.by_kind.items()))
+        out["failed_writes"] = counts.failed_writes     # refused (409 on a create, ...)
+        out["reads"] = counts.reads
+        out["control_plane_cpu_seconds"] = cluster.control_plane_cpu() - plane_cpu0
+        out["log"] = str(op.log_path)
+    return out
+
+
+def run_bare(cluster: BenchCluster, size: int, mode: str) -> dict:
+    """bench/scaling/bare.py as a fresh process: spawn-to-exit and in-process seconds."""
+    t0 = time.monotonic()
+    proc = subprocess.run([bench_python(), str(HERE / "scaling" / "bare.py"),
+                           "--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE,
+                           "--mode", mode], capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip()[-500:], "mode": mode}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    items = sum(result["items"].values())
+    if items != 3 * size:
+        return {"error": f"read {items} items, expected {3 * size}", **result}
+    return {"mode": mode, "items": result["items"], "seconds_in_process": result["seconds"],
+            "seconds": wall}
+
+
+def bench_python() -> str:
+    venv = ROOT / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+# ---------------------------------------------------------------- the whole run
+
+def summarise(data: dict) -> None:
+    """Slopes per operator, ratios to the peer, goals: added to `data` in place."""
+    sizes = sorted(int(s) for s in data["runs"])
+    largest = max(sizes)
+    slopes = {}
+    for key in data["settings"]["operators"]:
+        points = [(size, data["runs"][str(size)][key]["settled_rss_mib"] * analysis.MIB)
+                  for size in sizes
+                  if "settled_rss_mib" in data["runs"][str(size)].get(key, {})]
+        line = analysis.fit_line(points)
+        idle = next((y for x, y in points if x == 0), None)
+        slopes[key] = {
+            "kib_per_my": None if line is None else line.slope / analysis.KIB,
+            "intercept_mib": None if line is None else line.intercept / analysis.MIB,
+            "points": len(points),
+            "per_size_kib_per_my": {str(x): analysis.per_object_kib(y, idle, x)
+                                    for x, y in points if x and idle is not None},
+        }
+    data["slopes"] = slopes
+    ours = data["runs"][str(largest)].get(HEADLINE, {})
+    bare = data["bare"].get(str(largest), {})
+    data["goals"] = [g.as_dict() for g in analysis.goals(
+        slope_kib=slopes.get(HEADLINE, {}).get("kib_per_my"),
+        peer_slope_kib=slopes.get(REFERENCE, {}).get("kib_per_my"),
+        ready_seconds=ours.get("ready_seconds"), bare_seconds=bare.get("seconds"),
+        writes_by_size={int(s): r[HEADLINE]["writes"] for s, r in data["runs"].items()
+                        if "writes" in r.get(HEADLINE, {})},
+        idle_percent=ours.get("idle_cpu_percent"), largest_size=largest)]
+
+
+def metadata(args, argv: list[str], cluster: BenchCluster) -> dict:
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python bench/scale.py " + " ".join(shlex.quote(a) for a in argv),
+        "git": converge._git("rev-parse", "--short", "HEAD") + (
+            " (+ uncommitted changes)" if converge._source_changed() else ""),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "memory_gib": round(os.sysconf("SC_PAGE_SIZE") *
+                                        os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                    "load_average_at_start": os.getloadavg()},
+        "python": platform.python_version(),
+        "versions": {"kubernetes (control plane)": controlplane.K8S_VERSION,
+                     "etcd": controlplane.ETCD_VERSION,
+                     "controller-runtime (peer)":
+                         converge._go_requirement("sigs.k8s.io/controller-runtime"),
+                     "binaries": cluster.binaries_source()},
+    }
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="0,1000,10000",
+                   help="fleet sizes in growing order; 0 = the idle process (default %(default)s)")
+    p.add_argument("--operators", default=",".join(OPERATORS),
+                   help="any of ours-wN, cr-wN, kopf (default %(default)s)")
+    p.add_argument("--kopf-max-size", type=int, default=1000,
+                   help="kopf only up to this size (default %(default)s)")
+    p.add_argument("--bare-mode", default=bare_client.DEFAULT_MODE,
+                   choices=sorted(bare_client.LISTERS),
+                   help="bench/scaling/bare.py's --mode: stream once issue 17a's "
+                        "bench/scale_bare.py is there, else paged (default %(default)s)")
+    p.add_argument("--threads", type=int, default=16, help="fleet-creating threads")
+    p.add_argument("--settle-seconds", type=float, default=10.0)
+    p.add_argument("--idle-seconds", type=float, default=30.0)
+    p.add_argument("--poll-seconds", type=float, default=0.25,
+                   help="how often /metrics is read while waiting for the reconciles")
+    p.add_argument("--timeout-seconds", type=float, default=180.0)
+    p.add_argument("--timeout-per-my", type=float, default=0.02)
+    p.add_argument("--compare-to", type=Path, default=None,
+                   help="an earlier scale-*.json: its slopes beside this run's (before/after)")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="only rewrite the markdown from this results file")
+    p.add_argument("--out", type=Path, default=None, help="default bench/results/scale-<date>.json")
+    p.add_argument("--markdown", type=Path, default=MARKDOWN)
+    p.add_argument("--keep-logs", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        p.error(f"--sizes: comma-separated integers, not {args.sizes!r}")
+    if args.sizes != sorted(set(args.sizes)) or args.sizes[0] < 0:
+        p.error("--sizes: distinct, growing, >= 0 (the fleet only grows)")
+    args.operators = [o for o in args.operators.split(",") if o]
+    bad = [o for o in args.operators if not (o == "kopf" or o.startswith(("ours-w", "cr-w")))]
+    if bad:
+        p.error(f"--operators: unknown {', '.join(bad)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.from_json is not None:
+        data = json.loads(args.from_json.read_text())
+        if "goals" not in data:           # an interrupted run's partial file
+            summarise(data)
+        write_markdown(args, data)
+        return 0
+    t_start = time.monotonic()
+    plane_settings()
+    if "kopf" in args.operators:
+        footprint.ensure_kopf_venv()
+    work_dir = Path(tempfile.mkdtemp(prefix="my-controller-scale-"))
+    cluster = BenchCluster(work_dir,
+                           apiserver_args=(f"--service-cluster-ip-range={SERVICE_CIDR}",))
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
+    out = args.out or RESULTS / f"scale-{stamp}.json"
+    data: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v)
+                               for k, v in vars(args).items()},
+                  "fleet": [], "bare": {}, "runs": {}}
+    try:
+        log("starting the control plane (Deployment controller off)")
+        cluster.start()
+        cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
+        cluster.create_namespace(NAMESPACE)
+        cluster.create_namespace(KOPF_NAMESPACE)
+        data["meta"] = metadata(args, argv, cluster)
+        bench = converge.Bench(argparse.Namespace(replicas=1, idle_seconds=args.idle_seconds,
+                                                  latency_count=0, rate=0.0),
+                               cluster, work_dir)
+        fleet = Fleet(cluster.client, NAMESPACE, threads=args.threads, progress=log)
+        kopf_fleet = Fleet(cluster.client, KOPF_NAMESPACE, threads=args.threads, progress=log)
+        for turn, size in enumerate(args.sizes):
+            log(f"fleet: growing to {size:,} My")
+            growth = fleet.grow_to(size)
+            data["fleet"].append({"size": size, **growth.as_dict(),
+                                  "control_plane_rss_mib": _plane_rss(cluster)})
+            log(f"  {growth.as_dict()}")
+            if "kopf" in args.operators and size <= args.kopf_max_size:
+                kopf_fleet.grow_to(size)
+            if size:
+                data["bare"][str(size)] = run_bare(cluster, size, args.bare_mode)
+                log(f"  bare client: {data['bare'][str(size)]}")
+            runs = data["runs"][str(size)] = {}
+            order = [k for k in args.operators if k != "kopf" or size <= args.kopf_max_size]
+            for key in (order if turn % 2 == 0 else order[::-1]):
+                log(f"  {key} over {size:,} My")
+                runs[key] = run_operator(bench, cluster, key, size, args)
+                log("    " + report.one_line(runs[key]))
+            data["fleet"][-1]["control_plane_rss_mib_after_operators"] = _plane_rss(cluster)
+            _save(out, data)                  # a partial file survives an interrupted run
+        summarise(data)
+        data["meta"]["wall_seconds"] = time.monotonic() - t_start
+        _save(out, data)
+        write_markdown(args, data)
+        for goal in data["goals"]:
+            log(report.goal_text(goal))
+        log(f"done in {(time.monotonic() - t_start) / 60:.1f} min: {out}, {args.markdown}")
+        return 0
+    finally:
+        cluster.stop()
+        if args.keep_logs:
+            log(f"logs kept in {work_dir}")
+        else:
+            subprocess.run(["rm", "-rf", str(work_dir)], check=False)
+
+
+def write_markdown(args, data: dict) -> None:
+    """RESULTS.scale.md from `data`, with --compare-to's slopes as the "before" row."""
+    before = json.loads(args.compare_to.read_text()) if args.compare_to else None
+    report.write_markdown(args.markdown, data, before)
+    log(f"wrote {args.markdown}")
+
+
+def _plane_rss(cluster: BenchCluster) -> dict:
+    return {name: (rss or 0) / analysis.MIB for name, rss in cluster.plane.rss_bytes().items()}
+
+
+def _save(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

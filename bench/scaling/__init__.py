@@ -1,0 +1,1 @@
+"""bench/scale.py's parts: the fleet, the bare client, the arithmetic, the report."""

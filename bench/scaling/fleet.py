@@ -1,0 +1,131 @@
+"""A converged fleet of `My`, made by the bench itself, grown size by size.
+
+Each `My` gets exactly what a converged operator leaves behind, so an operator
+started over the fleet has nothing to write:
+
+- the `My` (the convergence bench's object: image, env, resources);
+- its Deployment and Service, rendered by controller.py's own
+  `render_deployment` / `render_service` (config hash included) and written by
+  server-side apply under the operator's field manager, as the operator
+  writes them (same managedFields);
+- the Deployment's status as the Deployment controller reports a finished
+  rollout (the bench runs with that controller off: no ReplicaSets, no Pods);
+- the `My`'s status, `controller.desired_status` of that Deployment.
+
+The controller-runtime peer renders the same children and hashes them the
+same way (bench/peers/crpeer), so it too finds nothing to apply. kopf keeps its
+own bookkeeping in annotations the bench cannot forge: it writes (reported).
+
+Requests go through k8s_http's client from a thread pool (its connection pool
+is the parallelism); five requests per `My`.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import controller
+from convergence.cluster import MY
+from convergence.scenarios import my_object
+from k8s_http.client import ApiClient
+from k8s_http.errors import AlreadyExistsError
+from k8s_http.objects import DEPLOYMENTS, SERVICES, rfc3339_now
+
+REQUESTS_PER_MY = 5          # create My, apply Deployment, its status, apply Service, My status
+OBJECTS_PER_MY = 3           # My, Deployment, Service
+ENV_VALUE = "scale"
+
+
+def fleet_name(index: int) -> str:
+    # Fixed width: names sort in creation order, and every name has the same length.
+    return f"s-{index:06d}"
+
+
+def finished_rollout_status(deployment: dict, now: str) -> dict:
+    """The Deployment's status once the Deployment controller has rolled it out
+    and every replica is ready (what `kubectl get deploy` shows as 1/1)."""
+    replicas = deployment["spec"].get("replicas", 1)
+    generation = deployment["metadata"].get("generation", 1)
+
+    def condition(kind: str, reason: str, message: str) -> dict:
+        return {"type": kind, "status": "True", "reason": reason, "message": message,
+                "lastUpdateTime": now, "lastTransitionTime": now}
+
+    name = deployment["metadata"]["name"]
+    return {
+        "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
+        "readyReplicas": replicas, "availableReplicas": replicas,
+        "conditions": [
+            condition("Available", "MinimumReplicasAvailable",
+                      "Deployment has minimum availability."),
+            condition("Progressing", "NewReplicaSetAvailable",
+                      f'ReplicaSet "{name}-7d9c8b6f5d" has successfully progressed.'),
+        ],
+    }
+
+
+def make_converged(client: ApiClient, namespace: str, name: str) -> None:
+    """One `My` with its children and both statuses, as a converged operator leaves them."""
+    body = my_object(name, ENV_VALUE, replicas=1)
+    try:
+        my = client.create(MY, body, namespace=namespace)
+    except AlreadyExistsError:          # a fleet grown again after an interrupted run
+        my = client.get(MY, name, namespace=namespace)
+    now = rfc3339_now()
+    manager = controller.FIELD_MANAGER
+    deployment = client.apply(DEPLOYMENTS, controller.render_deployment(my),
+                              field_manager=manager, force=True)
+    deployment = client.patch_status(
+        DEPLOYMENTS, name, {"status": finished_rollout_status(deployment, now)},
+        namespace=namespace)
+    client.apply(SERVICES, controller.render_service(my), field_manager=manager, force=True)
+    client.patch_status(MY, name, {"status": controller.desired_status(my, deployment, now=now)},
+                        namespace=namespace)
+
+
+@dataclass
+class Growth:
+    """One growth step: how many `My` were made and how fast."""
+    created: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        rate = self.created / self.seconds if self.seconds > 0 else 0.0
+        return {"created_my": self.created, "seconds": round(self.seconds, 1),
+                "my_per_second": round(rate, 1),
+                "objects_per_second": round(rate * OBJECTS_PER_MY, 1),
+                "requests_per_second": round(rate * REQUESTS_PER_MY, 1)}
+
+
+class Fleet:
+    """The fleet in one namespace; `grow_to(n)` makes the missing `My` [size, n)."""
+
+    def __init__(self, client: ApiClient, namespace: str, *, threads: int = 16,
+                 progress=None):
+        self.client = client
+        self.namespace = namespace
+        self.threads = threads
+        self.size = 0
+        self.progress = progress or (lambda message: None)
+
+    def grow_to(self, target: int) -> Growth:
+        if target <= self.size:
+            return Growth(0, 0.0)
+        start, t0 = self.size, time.monotonic()
+        done = 0
+        pool = ThreadPoolExecutor(self.threads)
+        try:
+            work = pool.map(lambda i: make_converged(self.client, self.namespace, fleet_name(i)),
+                            range(start, target))
+            for _ in work:                    # raises the first failure
+                done += 1
+                if done % 5000 == 0:
+                    rate = done / (time.monotonic() - t0)
+                    self.progress(f"fleet {start + done}/{target} ({rate:.0f} My/s)")
+        finally:
+            # On a failure or Ctrl-C, drop the queued creates rather than wait for them all.
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.size = target
+        return Growth(target - start, time.monotonic() - t0)
