@@ -194,7 +194,8 @@ class Store:
             self._observe_locked(key, None)
             return old
 
-    def replace(self, objects: Iterable[dict], *, namespace: str | None = None) -> list[dict]:
+    def replace(self, objects: Iterable[dict], *, namespace: str | None = None,
+                transformed: bool = False) -> list[dict]:
         """Atomically make the store hold exactly `objects`; returns the objects that vanished.
 
         The vanished objects are deleted here, for good: they are returned only
@@ -205,10 +206,14 @@ class Store:
         an informer with one watcher per namespace shares one store, and each
         watcher's relist speaks only for its own namespace.
         Readers see either the old contents or the new, never a mixture.
+        `transformed`: the objects already went through this store's transform
+        (an informer's watcher applies it per object as a list arrives), so it
+        is not applied a second time.
         """
         incoming: dict[ObjectKey, dict] = {}
+        transform = (lambda obj: obj) if transformed else self._transform
         for obj in objects:
-            obj = self._transform(obj)
+            obj = transform(obj)
             incoming[key_of(obj)] = obj
         # Index the incoming objects before taking the lock: the slow part of a
         # 10,000-object relist must not block readers.

@@ -324,3 +324,17 @@ def test_a_failed_write_leaves_nothing_and_bookkeeping_empties():
     store.end_write(t2, obj("z", rv="2"))
     assert store.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "1"
     assert store._inflight == {} and store._recent == {}
+
+
+def test_replace_applies_the_transform_unless_the_objects_went_through_it_already():
+    calls = []
+
+    def transform(obj):
+        calls.append(obj["metadata"]["name"])
+        return obj
+    store = Store(transform=transform)
+    objs = [{"metadata": {"name": n, "namespace": "ns", "resourceVersion": "1"}} for n in "ab"]
+    store.replace(objs)
+    assert calls == ["a", "b"]
+    store.replace(objs, transformed=True)             # an informer's watcher did it per object
+    assert calls == ["a", "b"] and len(store) == 2
