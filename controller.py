@@ -700,6 +700,16 @@ def desired_status(my: dict, deployment: dict | None, *,
     return new
 
 
+def _same_inputs(a: dict | None, b: dict | None) -> bool:
+    """Whether two versions of a My agree on everything a reconcile reads but its status."""
+    if a is None or b is None:
+        return a is b
+    meta_a, meta_b = meta_of(a), meta_of(b)
+    return (a.get("spec") == b.get("spec") and
+            all(meta_a.get(f) == meta_b.get(f)
+                for f in ("uid", "generation", "deletionTimestamp", "name", "namespace")))
+
+
 def _versions(*objs: dict | None) -> int:
     """One number for the resourceVersions of `objs` (None for a missing one)."""
     return hash(tuple(resource_version_of(obj) for obj in objs))
@@ -1163,7 +1173,11 @@ class MyReconciler:
             compared = 2 if reason in (REPLICA_FAILURE, PROGRESS_DEADLINE_EXCEEDED) else 3
             if old_summary[:compared] != new_summary[:compared]:
                 self.recorder.event(my, "Warning", reason, new_summary[2])
-        return 0.0, written
+        # A merge patch of /status lands on whatever the My is by then: if someone
+        # changed it after our read, the answer carries a spec this reconcile never
+        # saw. Then it is not what we settled on: the input is, and the change's own
+        # event brings us back.
+        return 0.0, written if _same_inputs(written, my) else my
 
 
 # --------------------------------------------------------------------------

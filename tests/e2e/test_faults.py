@@ -43,11 +43,14 @@ def converged(api, namespace, want: dict[str, str]) -> bool:
     assert set(mys) == set(want)
     for name, value in want.items():
         status = mys[name].get("status") or {}
-        if env_value(api, name, namespace) != value or \
-                status.get("observedGeneration") != mys[name]["metadata"]["generation"]:
-            return False
+        env, generation = env_value(api, name, namespace), mys[name]["metadata"]["generation"]
+        # An assertion, not False: `eventually` then names the My that is behind.
+        assert env == value and status.get("observedGeneration") == generation, (
+            f"{name}: Deployment env {env!r} (want {value!r}), status observedGeneration "
+            f"{status.get('observedGeneration')} of generation {generation}")
     children = {d["metadata"]["name"] for d in api.list(DEPLOYMENTS, namespace=namespace)["items"]}
-    return children == set(want)
+    assert children == set(want), f"Deployments {sorted(children ^ set(want))} differ"
+    return True
 
 
 def test_every_fault_once_loses_nothing(control_plane, api, namespace, fleet, tmp_path):

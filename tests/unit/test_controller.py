@@ -592,6 +592,34 @@ def test_echoes_during_a_hold_cost_no_reconcile_and_keep_the_window(mgr, reconci
     assert len(renders) == 1 and mgr.client.writes() == [("patch_status", "my", "foobar")]
 
 
+def test_a_spec_change_the_status_write_lands_on_is_not_taken_as_settled(
+        mgr, reconciler, monkeypatch):
+    """The user's edit reaches the apiserver just before our status patch: the patch
+    (a merge on /status) lands on the new spec, and its answer carries a spec this
+    reconcile never saw. Its resourceVersion must not count as settled, or the
+    edit's own event would be skipped and the edit lost (found by the e2e fault run)."""
+    reconciler(KEY)
+    observe_rollout(mgr)
+    original = mgr.client.patch_status
+
+    def user_edits_first(resource, name, patch, **kw):
+        my = mgr.client.obj(MY)
+        my["spec"]["replicas"] = 3
+        my["metadata"]["generation"] = 2
+        my["metadata"]["resourceVersion"] = mgr.client.next_resource_version()
+        return original(resource, name, patch, **kw)
+
+    monkeypatch.setattr(mgr.client, "patch_status", user_edits_first)
+    assert reconciler(KEY) is None                  # status of generation 1, on generation 2
+    monkeypatch.setattr(mgr.client, "patch_status", original)
+    mgr.sync()                                      # the watch: generation 2, our status on it
+    assert mgr.stores[MY].get(KEY)["metadata"]["generation"] == 2
+    mgr.client.reset()
+    reconciler(KEY)
+    assert ("apply", "deployments", "foobar") in mgr.client.writes()
+    assert mgr.client.obj(DEPLOYMENTS)["spec"]["replicas"] == 3
+
+
 def test_a_held_status_is_never_taken_as_settled(mgr, reconciler, clock):
     assert reconciler(KEY) == held(controller.STATUS_COALESCE_SECONDS)
     mgr.sync()                                       # the echoes of the two creates
