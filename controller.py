@@ -1126,7 +1126,13 @@ class MyReconciler:
         if not pending:
             since = self._pending_since.pop(key, None)
             if since is not None:
-                self._answer_seconds += ANSWER_TIME_WEIGHT * (now - since - self._answer_seconds)
+                # The Deployment controller's time, not our queue's: an answer whose
+                # event waited behind a long queue (its key not held, so without
+                # priority) would otherwise keep the estimate high, so keys would not be
+                # held, so the next answers would wait in the queue too -- after a burst,
+                # every spec update then cost two status writes.
+                sample = max(0.0, now - since - (queued_seconds() or 0.0))
+                self._answer_seconds += ANSWER_TIME_WEIGHT * (sample - self._answer_seconds)
             return 0.0
         self._pending_since.setdefault(key, now)
         until = self._held_until.get(key)

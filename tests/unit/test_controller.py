@@ -819,6 +819,30 @@ def test_while_the_deployment_controller_answers_late_the_status_is_not_held(clo
     assert mgr.client.obj(MY, key)["status"]["observedGeneration"] == 1
 
 
+def test_the_answer_time_estimate_leaves_out_our_own_queue_wait(clock, queue_wait):
+    """Answers that waited behind our queue (keys not held) say nothing about the
+    Deployment controller: they must not keep later statuses from being held."""
+    hold = controller.STATUS_COALESCE_SECONDS
+    mgr = FakeManager()
+    reconciler = new_reconciler(mgr, now=lambda: "T", clock=clock)
+    for name in ("q-1", "q-2", "q-3"):
+        key = ObjectKey("default", name)
+        mgr.client.put(MY, make_my(name=name))
+        mgr.sync()
+        queue_wait(0.0)
+        reconciler(key)
+        clock.advance(10 * hold)
+        mgr.sync()
+        observe_rollout(mgr, key=key)
+        queue_wait(10 * hold)              # the answer's event waited this long in our queue
+        assert reconciler(key) is None
+    key = ObjectKey("default", "next")
+    mgr.client.put(MY, make_my(name="next"))
+    mgr.sync()
+    queue_wait(0.0)
+    assert reconciler(key) == held(hold)   # the Deployment controller itself was quick
+
+
 def test_an_answer_that_arrives_during_the_reconcile_is_reported_in_one_write(mgr, reconciler):
     """The Deployment controller answers while we apply the Service: the status
     reports its counts at once, and nothing is left to write."""
