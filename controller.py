@@ -814,8 +814,9 @@ class MyReconciler:
             until = self._held_until.get(key)
             if until is None:
                 return None
-            if until > self._clock():
-                return Result(requeue_after_seconds=until - self._clock(), priority=1)
+            left = until - self._clock()
+            if left > 0:
+                return Result(requeue_after_seconds=left, priority=1)
             # The hold is over and nothing came: write the status as it stands.
         self._settled.pop(key, None)
         if meta_of(my).get("deletionTimestamp"):

@@ -90,8 +90,6 @@ class Informer:
                  streaming_list: bool = True):
         self.resource = resource
         self.store = Store(transform=transform)
-        # The watchers apply the same transform to listed objects as they arrive.
-        self._lists_transformed = transform is not None
         self._metrics = metrics if metrics is not None else Metrics()
         self._clock = clock
         self._label = str(resource)
@@ -154,9 +152,9 @@ class Informer:
         # One way: the store replaces (deleting what vanished), and the keys of
         # both the listed and the vanished objects go to the queues from here;
         # nothing goes back to the watcher.
-        # The watcher applied the store's transform to each listed object already.
-        vanished = self.store.replace(items, namespace=namespace,
-                                      transformed=self._lists_transformed)
+        # The watchers apply the store's transform (the same `transform`; none means
+        # none for both) to each listed object as it arrives.
+        vanished = self.store.replace(items, namespace=namespace, transformed=True)
         self._metrics.cache_objects.labels(self._label).set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates.
