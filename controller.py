@@ -711,7 +711,8 @@ def _same_inputs(a: dict | None, b: dict | None) -> bool:
 
 
 def _versions(*objs: dict | None) -> int:
-    """One number for the resourceVersions of `objs` (None for a missing one)."""
+    """One number for the resourceVersions of `objs` (None for a missing one);
+    MyReconciler._cached_versions makes the same number from the caches."""
     return hash(tuple(resource_version_of(obj) for obj in objs))
 
 
@@ -796,6 +797,18 @@ class MyReconciler:
         self._rendered_lock = threading.Lock()
 
     def __call__(self, key: ObjectKey) -> Result | None:
+        # Nothing changed since a reconcile finished (an echo of our own writes, a
+        # resync): known from the caches' resourceVersions alone, without building
+        # the objects (the caches keep them packed).
+        if self._settled.get(key) == self._cached_versions(key):
+            until = self._held_until.get(key)
+            if until is None:
+                return None
+            left = until - self._clock()
+            if left > 0:
+                return Result(requeue_after_seconds=left, priority=1)
+            # The hold is over and nothing came: write the status as it stands.
+        self._settled.pop(key, None)
         # The store answers with our own last write until its watch brings it.
         my = self._stores[MY].get(key)
         if my is None:
@@ -810,15 +823,6 @@ class MyReconciler:
             return None
         # Children our cache shows (or our last write of them).
         lives = {resource: self._cached_child(resource, key) for resource, _ in self.CHILDREN}
-        if self._settled.get(key) == _versions(my, lives[DEPLOYMENTS], lives[SERVICES]):
-            until = self._held_until.get(key)
-            if until is None:
-                return None
-            left = until - self._clock()
-            if left > 0:
-                return Result(requeue_after_seconds=left, priority=1)
-            # The hold is over and nothing came: write the status as it stands.
-        self._settled.pop(key, None)
         if meta_of(my).get("deletionTimestamp"):
             # Being deleted (maybe in the foreground, children first): do not recreate them.
             return None
@@ -951,6 +955,12 @@ class MyReconciler:
         log.info("not re-creating the children of %s: the My is gone (uid %s), the cache "
                  "is behind", key, meta_of(my).get("uid"))
         return False
+
+    def _cached_versions(self, key: ObjectKey) -> int:
+        """_versions of the My and its children as the caches (or our last writes) hold them."""
+        stores = self._stores
+        return hash((stores[MY].resource_version(key), stores[DEPLOYMENTS].resource_version(key),
+                     stores[SERVICES].resource_version(key)))
 
     def _cached_child(self, resource: Resource, key: ObjectKey) -> dict | None:
         """The child named like the My as our cache (or our last write) shows it.

@@ -115,9 +115,9 @@ class ApiClient:
                     raise
                 log.info("list %s: continue token expired after %d pages; listing again "
                          "in one request", path, len(pages))
-                pages = [_transform_items(self._json("GET", path, query=base), transform)]
+                pages = [_prepare_items(self._json("GET", path, query=base), resource, transform)]
                 break
-            pages.append(_transform_items(page, transform))
+            pages.append(_prepare_items(page, resource, transform))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 break
@@ -265,10 +265,33 @@ def _typed(obj: dict, resource: Resource) -> dict:
     return out
 
 
-def _transform_items(page: dict, transform: Callable[[dict], dict] | None) -> dict:
+def _item_type(page: dict, resource: Resource) -> tuple[str, str]:
+    """The apiVersion and kind of a list page's items, from the list's own kind."""
+    api_version = page.get("apiVersion") or resource.api_version
+    list_kind = page.get("kind") or f"{resource.kind}List"
+    item_kind = list_kind[:-4] if list_kind.endswith("List") and list_kind != "List" \
+        else resource.kind
+    return api_version, item_kind
+
+
+def _prepare_items(page: dict, resource: Resource,
+                   transform: Callable[[dict], object] | None) -> dict:
+    """A page's items as they arrive: typed (the apiserver leaves apiVersion and
+    kind out of list items), then transformed; items that are not objects dropped.
+    Typing first lets a transform keep kind and apiVersion, and whatever the
+    transform makes of an item is passed through as it is."""
     items = page.get("items") if isinstance(page, dict) else None
-    if transform is not None and isinstance(items, list):
-        page["items"] = [transform(i) if isinstance(i, dict) else i for i in items]
+    if not isinstance(items, list):
+        return page                  # _merge_pages says what is wrong with it
+    api_version, item_kind = _item_type(page, resource)
+    kept = []
+    for item in items:
+        if isinstance(item, dict):
+            item.setdefault("apiVersion", api_version)
+            if item_kind:
+                item.setdefault("kind", item_kind)
+            kept.append(transform(item) if transform is not None else item)
+    page["items"] = kept
     return page
 
 
@@ -276,8 +299,6 @@ def _merge_pages(pages: list[dict], resource: Resource) -> dict:
     first, last = pages[0], pages[-1]
     api_version = first.get("apiVersion") or resource.api_version
     list_kind = first.get("kind") or f"{resource.kind}List"
-    item_kind = list_kind[:-4] if list_kind.endswith("List") and list_kind != "List" \
-        else resource.kind
     items = []
     for page in pages:
         page_items = page.get("items")
@@ -285,12 +306,7 @@ def _merge_pages(pages: list[dict], resource: Resource) -> dict:
             page_items = []
         if not isinstance(page_items, list):
             raise ProtocolError(f"list {resource}: items is not a list")
-        for item in page_items:
-            if isinstance(item, dict):
-                item.setdefault("apiVersion", api_version)
-                if item_kind:
-                    item.setdefault("kind", item_kind)
-                items.append(item)
+        items.extend(page_items)
     rv = (last.get("metadata") or {}).get("resourceVersion", "")
     return {"apiVersion": api_version, "kind": list_kind,
             "metadata": {"resourceVersion": rv}, "items": items}

@@ -116,7 +116,7 @@ class Informer:
                 on_event=self._on_event, metrics=self._metrics, clock=clock, rng=rng,
                 stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
                 backoff=backoff_factory() if backoff_factory else None,
-                list_transform=transform, streaming_list=streaming_list)
+                list_transform=self.store.prepare, streaming_list=streaming_list)
         self._threads: dict[str | None, threading.Thread] = {}
         # Read at scrape time. One informer per resource in practice (the
         # manager keys them by resource and label selector).
@@ -152,9 +152,9 @@ class Informer:
         # One way: the store replaces (deleting what vanished), and the keys of
         # both the listed and the vanished objects go to the queues from here;
         # nothing goes back to the watcher.
-        # The watchers apply the store's transform (the same `transform`; none means
-        # none for both) to each listed object as it arrives.
-        vanished = self.store.replace(items, namespace=namespace, transformed=True)
+        # The watchers prepare each listed object as it arrives (Store.prepare:
+        # transformed and packed), so a long list is never held as dicts.
+        vanished = self.store.replace(items, namespace=namespace, prepared=True)
         self._metrics.cache_objects.labels(self._label).set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates.

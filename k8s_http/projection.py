@@ -33,6 +33,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
+from .packed import Shape, pack_into, seal
+
 __all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
 
 Path = str | tuple[str, ...]
@@ -91,6 +93,10 @@ class DroppedFieldRead(AssertionError):
 _DISTINCT = "\0distinct"
 
 
+_RESOURCE_VERSION = ("metadata", "resourceVersion")
+_IDENTITY = (("metadata", "name"), ("metadata", "namespace"), _RESOURCE_VERSION)
+
+
 def _segments(path: Path) -> tuple[str, ...]:
     parts = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
     if not parts or any(not p for p in parts):
@@ -132,7 +138,12 @@ class Projection:
         # The declaration as segments, for tests that drop one path on purpose.
         self.paths = tuple(_segments(p) for p in keep)
         self.distinct = tuple(_segments(p) for p in distinct)
-        self._tree = _compile(keep, distinct)
+        # The Store itself reads an object's name, namespace and resourceVersion
+        # (its key; read-your-writes): kept whatever the declaration says, and a
+        # resourceVersion not declared is not interned (it is unique).
+        implicit = [p for p in _IDENTITY if p not in self.paths]
+        self._tree = _compile(keep + list(implicit),
+                              distinct + [p for p in implicit if p == _RESOURCE_VERSION])
         self._interner = interner
 
     def _bound_intern(self) -> Callable[[str, str], str]:
@@ -140,6 +151,12 @@ class Projection:
 
     def __call__(self, obj: dict) -> dict:
         return self._node(obj, self._tree, self._bound_intern())
+
+    def pack(self, obj: dict) -> tuple:
+        """The projection of `obj` in packed form (k8s_http.packed), made in one walk:
+        `unpack(self.pack(obj)) == self(obj)`, without building the projected dicts."""
+        leaves: list = []
+        return seal(self._pack_node(obj, self._tree, self._bound_intern(), leaves), leaves)
 
     def guarded(self, obj: dict) -> dict:
         """The projection of `obj` where reading a dropped key raises DroppedFieldRead."""
@@ -185,6 +202,50 @@ class Projection:
         if guard and dropped:
             return _Guarded(out, dropped, where)
         return out
+
+    # ---- the same walks, packing: leaves appended to `leaves`, the shape returned.
+    # Map keys are not interned here: a packed object keeps no keys, its layout does.
+
+    def _pack_node(self, value: object, tree: dict | None | str, intern, leaves: list) -> Shape:
+        if tree is None:
+            return self._pack_whole(value, intern, leaves)
+        if tree == _DISTINCT:
+            return pack_into(value, leaves)
+        if isinstance(value, list):
+            return ("[", tuple([self._pack_node(item, tree, intern, leaves) for item in value]))
+        if not isinstance(value, dict):
+            return self._pack_whole(value, intern, leaves)
+        keys, shapes = [], []
+        every = tree.get("*", False)
+        for key, item in value.items():
+            sub = tree.get(key, every)
+            if sub is False:
+                continue
+            if sub is None and item.__class__ is str:
+                leaves.append(intern(item, item))
+                shape = None
+            elif sub is None and not isinstance(item, (dict, list)):
+                leaves.append(item)
+                shape = None
+            elif sub is None:
+                shape = self._pack_whole(item, intern, leaves)
+            elif sub.__class__ is str:               # _DISTINCT: kept as it is
+                shape = pack_into(item, leaves)
+            else:
+                shape = self._pack_node(item, sub, intern, leaves)
+            keys.append(key)
+            shapes.append(shape)
+        return ("{", tuple(keys), tuple(shapes))
+
+    def _pack_whole(self, value: object, intern, leaves: list) -> Shape:
+        cls = value.__class__
+        if cls is dict:
+            return ("{", tuple(value),
+                    tuple([self._pack_whole(v, intern, leaves) for v in value.values()]))
+        if cls is list:
+            return ("[", tuple([self._pack_whole(v, intern, leaves) for v in value]))
+        leaves.append(intern(value, value) if isinstance(value, str) else value)
+        return None
 
     def _whole(self, value: object, intern) -> object:
         """A copy with every string interned (keys and values)."""

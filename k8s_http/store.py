@@ -5,9 +5,14 @@ index entries or an index entry without its object. Writes are rare compared
 with reads and cheap (a dict assignment and a few set operations), so one lock
 is simpler than finer-grained schemes and not slower in practice.
 
-Stored objects are shared with every reader: callers must not mutate them
-(deepcopy before editing). In exchange the Store takes ownership of the objects
-it is given: the transform may modify them in place.
+Objects are kept packed (k8s_http.packed): one flat tuple of leaves per
+object, its structure shared with every object of the same shape. That is
+several times smaller than dicts and lists, and the garbage collector never
+walks it. Every read builds a new dict, so readers may edit what they get; the
+price is a few microseconds per read. `compact=False` keeps the transform's
+dicts themselves instead (shared with readers, who must not edit them): tests
+use it for guarded projections, whose dict subclass packing would not keep.
+The Store owns the objects it is given: the transform may modify them in place.
 
 Read-your-writes: after a controller writes an object, the watch brings the
 change a moment later, and a reconcile in between would act on the old copy
@@ -24,8 +29,14 @@ from collections.abc import Callable, Iterable, Mapping
 
 from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
 from .objects import resource_version_of as _rv
+from .packed import is_packed, leaf, pack
+from .projection import Projection
 
 __all__ = ["Store", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_owner_uid"]
+
+_NAME = ("metadata", "name")
+_NAMESPACE = ("metadata", "namespace")
+_RESOURCE_VERSION = ("metadata", "resourceVersion")
 
 # An indexer maps an object to the index values it is filed under (often one, maybe none).
 # It must be a pure function of the object: the Store recomputes it to un-file an
@@ -44,9 +55,11 @@ def index_owner_uid(obj: dict) -> list[str]:
     return [uid] if isinstance(uid, str) and uid else []
 
 
+# As client-go's: only the namespace index unless asked. An index costs memory
+# per object (a set entry, a set per value) whether or not anyone reads it;
+# pass {"owner_uid": index_owner_uid} to have that one.
 DEFAULT_INDEXERS: Mapping[str, Indexer] = {
     "namespace": index_namespace,
-    "owner_uid": index_owner_uid,
 }
 
 
@@ -54,26 +67,42 @@ class Store:
     """Thread-safe object cache keyed by ObjectKey, with indexes kept on every write.
 
     `transform(obj) -> obj` runs on every object on the way in (default: drop
-    managedFields, which are often half an object's size). `indexers` are added
-    to the defaults ("namespace" and "owner_uid"); passing a default name replaces it.
+    managedFields, which are often half an object's size); a Projection is
+    applied and packed in one walk. `indexers` are added to the default
+    ("namespace"); passing a default name replaces it. `compact`: see the module
+    docstring.
     """
 
     def __init__(self, *, transform: Callable[[dict], dict] | None = strip_managed_fields,
-                 indexers: Mapping[str, Indexer] | None = None):
+                 indexers: Mapping[str, Indexer] | None = None, compact: bool = True):
         self.transform = transform      # as given: the Manager compares it
         self._transform = transform or (lambda obj: obj)
-        self._indexers: dict[str, Indexer] = {**DEFAULT_INDEXERS, **(indexers or {})}
+        self._compact = compact
+        if not compact:
+            self.prepare: Callable[[dict], object] = self._transform
+        elif isinstance(transform, Projection):
+            self.prepare = transform.pack
+        else:
+            self.prepare = lambda obj: pack(self._transform(obj))
+        every = {**DEFAULT_INDEXERS, **(indexers or {})}
+        # The namespace index is answered from the keys (each key holds its
+        # namespace): a scan per query, which only a relist by namespace makes,
+        # instead of a set entry per object. Other indexes are filed.
+        self._scanned = frozenset(n for n, ix in every.items() if ix is index_namespace)
+        self._indexers: dict[str, Indexer] = {n: ix for n, ix in every.items()
+                                              if n not in self._scanned}
         self._lock = threading.Lock()
         # Invariants (under _lock): key in _indices[name][value] iff key in _objects
-        # and value in _indexers[name](_objects[key]). Empty value sets are removed.
-        self._objects: dict[ObjectKey, dict] = {}
+        # and value in _indexers[name](the object stored under key). Empty value
+        # sets are removed.
+        self._objects: dict[ObjectKey, object] = {}     # key -> stored form (prepare)
         self._indices: dict[str, dict[str, set[ObjectKey]]] = {n: {} for n in self._indexers}
         # Our own writes the watch has not brought yet: key -> (stale, written).
         # Invariant: key in _written => since `written` was recorded, the store
         # has observed the key only with resourceVersions in `stale` (versions
         # known to be older than `written`). Any other observation, a delete or a
         # relist drops the entry: from then on the watch speaks for the key.
-        self._written: dict[ObjectKey, tuple[frozenset, dict]] = {}
+        self._written: dict[ObjectKey, tuple[frozenset, object]] = {}
         # Writes in flight and what was observed meanwhile: a counter of
         # observations, the tokens (counter values when each write began, with
         # multiplicity), and the last observation of each key made while a write
@@ -83,17 +112,41 @@ class Store:
         self._inflight: dict[int, int] = {}
         self._recent: dict[ObjectKey, int] = {}
 
+    # ---- the stored form ----------------------------------------------------
+
+    def _restore(self, stored: object) -> dict:
+        return stored[0].build(stored) if self._compact else stored
+
+    def _stored_key(self, stored: object) -> ObjectKey:
+        if not self._compact:
+            return key_of(stored)
+        return ObjectKey(leaf(stored, _NAMESPACE) or "", leaf(stored, _NAME) or "")
+
+    def _stored_rv(self, stored: object | None) -> str | None:
+        if stored is None or not self._compact:
+            return _rv(stored)
+        rv = leaf(stored, _RESOURCE_VERSION)
+        return rv if isinstance(rv, str) else None
+
     # ---- reads ------------------------------------------------------------
 
     def get(self, key: ObjectKey) -> dict | None:
         """The object, or our own newer write of it that the watch has not brought yet."""
         with self._lock:
             written = self._written.get(key)
-            return written[1] if written is not None else self._objects.get(key)
+            stored = written[1] if written is not None else self._objects.get(key)
+        return None if stored is None else self._restore(stored)
+
+    def resource_version(self, key: ObjectKey) -> str | None:
+        """What `get(key)` would answer's metadata.resourceVersion, without building it."""
+        with self._lock:
+            written = self._written.get(key)
+            return self._stored_rv(written[1] if written is not None else self._objects.get(key))
 
     def list(self) -> list[dict]:
         with self._lock:
-            return list(self._objects.values())
+            stored = list(self._objects.values())
+        return [self._restore(s) for s in stored]
 
     def keys(self) -> list[ObjectKey]:
         with self._lock:
@@ -102,8 +155,11 @@ class Store:
     def by_index(self, index: str, value: str) -> list[dict]:
         """Objects filed under `value` in `index`; KeyError for an unknown index."""
         with self._lock:
-            keys = self._indices[index].get(value, ())
-            return [self._objects[k] for k in keys]
+            if index in self._scanned:
+                stored = [s for k, s in self._objects.items() if k.namespace == value]
+            else:
+                stored = [self._objects[k] for k in self._indices[index].get(value, ())]
+        return [self._restore(s) for s in stored]
 
     def __len__(self) -> int:
         with self._lock:
@@ -136,10 +192,10 @@ class Store:
         changes*, and resourceVersions cannot be ordered (they are opaque), so
         the answer could be older than the cache. Then the cache is the truth.
         """
-        key = None
+        key = stored = None
         if written is not None:
-            written = self._transform(written)
-            key = key_of(written)
+            key, written_rv = key_of(written), _rv(written)
+            stored = self.prepare(written)
         base_rv = _rv(base)
         with self._lock:
             left = self._inflight.pop(token) - 1
@@ -149,10 +205,10 @@ class Store:
                     and self._relisted_at <= token:
                 stale = {base_rv} if base_rv is not None else set()
                 previous = self._written.get(key)
-                if previous is not None and base_rv == _rv(previous[1]):
+                if previous is not None and base_rv == self._stored_rv(previous[1]):
                     stale |= previous[0]
-                stale.discard(_rv(written))
-                self._written[key] = (frozenset(stale), written)
+                stale.discard(written_rv)
+                self._written[key] = (frozenset(stale), stored)
             # Observations older than every write still in flight can no longer matter.
             if not self._inflight:
                 self._recent.clear()
@@ -171,18 +227,20 @@ class Store:
 
     def upsert(self, obj: dict) -> tuple[dict | None, dict]:
         """Add or replace `obj` (transformed); returns (the object it replaced or None,
-        the object stored), so a caller needs no second read to see what it stored."""
-        obj = self._transform(obj)
-        key = key_of(obj)
-        values = self._index_values(obj)  # may raise: nothing has changed yet
+        the object stored), so a caller needs no second read to see what it stored.
+        Both are the caller's own copies."""
+        key, rv = key_of(obj), _rv(obj)
+        stored = self.prepare(obj)
+        new = self._restore(stored)
+        values = self._index_values(new)   # may raise: nothing has changed yet
         with self._lock:
             old = self._objects.get(key)
             if old is not None:
                 self._unfile_locked(key, old)
-            self._objects[key] = obj
+            self._objects[key] = stored
             self._file_locked(key, values)
-            self._observe_locked(key, _rv(obj))
-            return old, obj
+            self._observe_locked(key, rv)
+        return (None if old is None else self._restore(old)), new
 
     def delete(self, obj_or_key: dict | ObjectKey) -> dict | None:
         """Remove by key (or by the key of an object); returns the removed object, if any."""
@@ -192,10 +250,10 @@ class Store:
             if old is not None:
                 self._unfile_locked(key, old)
             self._observe_locked(key, None)
-            return old
+        return None if old is None else self._restore(old)
 
-    def replace(self, objects: Iterable[dict], *, namespace: str | None = None,
-                transformed: bool = False) -> list[dict]:
+    def replace(self, objects: Iterable, *, namespace: str | None = None,
+                prepared: bool = False) -> list[dict]:
         """Atomically make the store hold exactly `objects`; returns the objects that vanished.
 
         The vanished objects are deleted here, for good: they are returned only
@@ -206,18 +264,22 @@ class Store:
         an informer with one watcher per namespace shares one store, and each
         watcher's relist speaks only for its own namespace.
         Readers see either the old contents or the new, never a mixture.
-        `transformed`: the objects already went through this store's transform
-        (an informer's watcher applies it per object as a list arrives), so it
-        is not applied a second time.
+        `prepared`: the objects are already in stored form, made by this store's
+        `prepare` (an informer's watcher prepares each object as a list
+        arrives, so a long list is never held as dicts).
         """
-        incoming: dict[ObjectKey, dict] = {}
-        transform = (lambda obj: obj) if transformed else self._transform
+        incoming: dict[ObjectKey, object] = {}
         for obj in objects:
-            obj = transform(obj)
-            incoming[key_of(obj)] = obj
+            if prepared and self._compact and is_packed(obj):
+                incoming[self._stored_key(obj)] = obj
+            elif isinstance(obj, dict):
+                incoming[key_of(obj)] = obj if prepared and not self._compact else self.prepare(obj)
+            # else: not an object (a malformed list item, passed through
+            # untransformed): nothing a reader could look up by key.
         # Index the incoming objects before taking the lock: the slow part of a
         # 10,000-object relist must not block readers.
-        filed = {key: self._index_values(obj) for key, obj in incoming.items()}
+        filed = {key: self._index_values(self._restore(stored))
+                 for key, stored in incoming.items()} if self._indexers else {}
         with self._lock:
             # Replaced: everything in scope, plus any key the new list holds.
             stale = [k for k in self._objects
@@ -236,8 +298,8 @@ class Store:
             self._relisted_at = self._seq      # a write in flight now may be older than the list
             for key in [k for k in self._written if namespace is None or k.namespace == namespace]:
                 incoming_obj = incoming.get(key)
-                self._observe_locked(key, _rv(incoming_obj) if incoming_obj else None)
-            return vanished
+                self._observe_locked(key, self._stored_rv(incoming_obj) if incoming_obj else None)
+        return [self._restore(s) for s in vanished]
 
     # ---- index bookkeeping ---------------------------------------------------
 
@@ -250,8 +312,10 @@ class Store:
             for value in vals:
                 index.setdefault(value, set()).add(key)
 
-    def _unfile_locked(self, key: ObjectKey, obj: dict) -> None:
-        for name, vals in self._index_values(obj).items():
+    def _unfile_locked(self, key: ObjectKey, stored: object) -> None:
+        if not self._indexers:
+            return
+        for name, vals in self._index_values(self._restore(stored)).items():
             index = self._indices[name]
             for value in vals:
                 keys = index.get(value)

@@ -353,8 +353,7 @@ def test_all_namespaces_and_owner_mapping():
             synced(informer)
             assert (lists(server)[0].path == DEPLOYMENTS.path())
             assert rec.keys == [ObjectKey("x", "foobar")]
-            assert [o["metadata"]["name"] for o in informer.store.by_index("owner_uid", "u-1")] \
-                == ["foobar"]
+            assert [o["metadata"]["name"] for o in informer.store.list()] == ["foobar", "orphan"]
             assert any(t.name == "informer-deployments.apps-all" for t in threading.enumerate())
 
 

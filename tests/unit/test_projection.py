@@ -156,3 +156,37 @@ def test_a_projection_interns_through_the_tables_setdefault_and_keeps_the_bound(
     for i in range(50):                     # the bound is checked once per object
         keep({"metadata": {"name": f"n{i}"}})
     assert len(small) <= 8 + 3
+
+
+def _odd_shapes():
+    odd = deployment("odd")
+    odd["spec"]["template"]["spec"]["containers"] = "not a list"
+    odd["metadata"]["labels"] = ["odd"]
+    odd["status"]["conditions"].append("not a map")
+    return odd
+
+
+@pytest.mark.parametrize("obj", [deployment(), deployment("b", rv="8"), _odd_shapes(),
+                                 {"metadata": {"name": "bare"}}, {}],
+                         ids=["deployment", "another", "odd-shapes", "bare", "empty"])
+def test_packing_projects_exactly_as_the_projection_does(obj):
+    from k8s_http.packed import unpack
+    packed = PROJECTION.pack(copy.deepcopy(obj))
+    assert unpack(packed) == PROJECTION(copy.deepcopy(obj))
+    assert list(unpack(packed)) == list(PROJECTION(copy.deepcopy(obj)))   # key order
+
+
+def test_packed_leaves_are_interned_like_the_projections():
+    from k8s_http.packed import unpack
+    a = unpack(PROJECTION.pack(deployment("one", image="".join(["img", ":1"]))))
+    b = unpack(PROJECTION.pack(deployment("two", image="".join(["img", ":1"]))))
+    image = lambda o: o["spec"]["template"]["spec"]["containers"][0]["image"]  # noqa: E731
+    assert image(a) is image(b)
+
+
+def test_the_stores_identity_fields_are_kept_even_when_not_declared():
+    projection = Projection(["spec.replicas"], interner=Interner())
+    kept = projection(deployment(rv="".join(["4", "2"])))
+    assert kept == {"metadata": {"name": "web", "namespace": "team-a", "resourceVersion": "42"},
+                    "spec": {"replicas": 3}}
+    assert projection.paths == (("spec", "replicas"),)     # the declaration as written

@@ -6,7 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k8s_http.objects import ObjectKey
-from k8s_http.store import Store
+from k8s_http.store import Store, index_owner_uid
+
+OWNER_INDEX = {"owner_uid": index_owner_uid}
 
 
 def obj(name, ns="default", rv="1", owner_uid=None, labels=None, managed=False):
@@ -33,7 +35,7 @@ def test_upsert_get_delete():
     assert old is None and stored["metadata"]["resourceVersion"] == "1"
     old, stored = s.upsert(obj("a", rv="2"))
     assert old["metadata"]["resourceVersion"] == "1"
-    assert stored is s.get(ObjectKey("default", "a"))
+    assert stored == s.get(ObjectKey("default", "a"))
     assert s.get(ObjectKey("default", "a"))["metadata"]["resourceVersion"] == "2"
     assert len(s) == 1 and ObjectKey("default", "a") in s
     assert s.keys() == [ObjectKey("default", "a")]
@@ -89,7 +91,7 @@ def test_namespace_index_follows_writes():
 
 
 def test_owner_uid_index_uses_the_controlling_reference_only():
-    s = Store()
+    s = Store(indexers=OWNER_INDEX)
     s.upsert(obj("a", owner_uid="u1"))
     s.upsert(obj("b", owner_uid="u1"))
     s.upsert(obj("c"))
@@ -138,7 +140,7 @@ def test_failing_indexer_leaves_the_store_unchanged():
 
 
 def test_replace_returns_vanished_and_reindexes():
-    s = Store()
+    s = Store(indexers=OWNER_INDEX)
     s.upsert(obj("a", owner_uid="u1"))
     s.upsert(obj("b", owner_uid="u1"))
     s.upsert(obj("c", "other"))
@@ -210,7 +212,7 @@ _ops = st.lists(st.tuples(
 @settings(max_examples=200, deadline=None)
 @given(_ops)
 def test_indexes_match_a_model(ops):
-    s = Store()
+    s = Store(indexers=OWNER_INDEX)
     model: dict[ObjectKey, dict] = {}
     for op, name, ns, owner, batch in ops:
         if op == "upsert":
@@ -326,7 +328,7 @@ def test_a_failed_write_leaves_nothing_and_bookkeeping_empties():
     assert store._inflight == {} and store._recent == {}
 
 
-def test_replace_applies_the_transform_unless_the_objects_went_through_it_already():
+def test_replace_applies_the_transform_unless_the_objects_were_prepared_already():
     calls = []
 
     def transform(obj):
@@ -336,5 +338,60 @@ def test_replace_applies_the_transform_unless_the_objects_went_through_it_alread
     objs = [{"metadata": {"name": n, "namespace": "ns", "resourceVersion": "1"}} for n in "ab"]
     store.replace(objs)
     assert calls == ["a", "b"]
-    store.replace(objs, transformed=True)             # an informer's watcher did it per object
-    assert calls == ["a", "b"] and len(store) == 2
+    prepared = [store.prepare(o) for o in objs]       # an informer's watcher does it per object
+    assert calls == ["a", "b"] * 2
+    store.replace(prepared, prepared=True)
+    assert calls == ["a", "b"] * 2 and len(store) == 2
+    assert store.get(ObjectKey("ns", "b")) == objs[1]
+
+
+def test_every_read_is_the_readers_own_copy():
+    # Objects are kept packed: each read builds new dicts, so a reader that
+    # edits what it got cannot change the cache or what another reader sees.
+    s = Store()
+    s.upsert(obj("a", labels={"app": "web"}))
+    key = ObjectKey("default", "a")
+    got = s.get(key)
+    got["metadata"]["labels"]["app"] = "edited"
+    got["metadata"]["name"] = "zzz"
+    assert s.get(key)["metadata"]["labels"] == {"app": "web"}
+    assert s.get(key) is not s.get(key)
+    assert s.list()[0]["metadata"]["name"] == "a"
+
+
+def test_a_store_that_is_not_compact_keeps_the_transforms_objects():
+    s = Store(compact=False)
+    _, stored = s.upsert(obj("a"))
+    assert stored is s.get(ObjectKey("default", "a"))
+
+
+def test_resource_version_without_building_the_object():
+    s = Store()
+    s.upsert(obj("a", rv="7"))
+    assert s.resource_version(ObjectKey("default", "a")) == "7"
+    assert s.resource_version(ObjectKey("default", "nope")) is None
+    token = s.begin_write()
+    s.end_write(token, obj("a", rv="8"), base=obj("a", rv="7"))
+    assert s.resource_version(ObjectKey("default", "a")) == "8"   # our write, not yet watched
+    s.upsert({"metadata": {"name": "b", "namespace": "default", "resourceVersion": 9}})
+    assert s.resource_version(ObjectKey("default", "b")) is None  # not a string: none
+
+
+def test_replace_skips_list_items_that_are_not_objects():
+    # A malformed item passes a watcher's prepare untouched; it has no key.
+    s = Store()
+    s.replace([s.prepare(obj("a")), "garbage", 7, None], prepared=True)
+    assert s.keys() == [ObjectKey("default", "a")]
+    s.replace([obj("b"), ["x"]])
+    assert s.keys() == [ObjectKey("default", "b")]
+
+
+def test_the_namespace_index_is_answered_from_the_keys_after_every_kind_of_write():
+    s = Store()
+    s.upsert(obj("a", "n1"))
+    s.replace([s.prepare(obj("b", "n2")), s.prepare(obj("c", "n1"))], prepared=True,
+              namespace=None)
+    s.upsert(obj("d", "n2"))
+    s.delete(ObjectKey("n2", "b"))
+    assert names(s.by_index("namespace", "n1")) == ["c"]
+    assert names(s.by_index("namespace", "n2")) == ["d"]

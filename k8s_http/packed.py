@@ -1,0 +1,194 @@
+"""Packed objects: a cached JSON object as one flat tuple of its leaves and a shared layout.
+
+A cache of 100,000 objects held as dicts and lists pays for every small
+container (a dict is 100-360 bytes before its contents, a list ~60) and makes
+the garbage collector walk millions of them. Objects of one kind mostly have
+the same structure, so the structure is stored once, as a `Layout`, and each
+object keeps only its leaves:
+
+    pack({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": [1, 2]})
+      == (layout, "a", "1", 1, 2)
+    where layout.shape == ("{", ("metadata", "spec"),
+                                (("{", ("name", "labels"), (None, ("{", ("x",), (None,)))),
+                                 ("[", (None, None))))
+
+A shape is None for a leaf, ("{", keys, child shapes) for a dict and
+("[", child shapes) for a list. Leaves are everything else: strings, numbers,
+booleans, None (and, from a caller that is not JSON, any other object, kept as is).
+
+Invariants:
+  * `unpack(pack(obj)) == obj`, with the same key order, and every dict and list
+    in the answer is new: readers may edit what they get, the packed form is a
+    tuple and cannot be edited;
+  * layouts are shared through a bounded table (emptied when full, as the
+    Interner is: objects keep the layouts they have);
+  * a layout builds its objects with a function compiled from its shape, whose
+    source is made only of subscripts into the leaves and into the layout's own
+    key tuple (no key text is ever part of the source). Shapes too large or too
+    deep to compile are built by a recursive walk instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["Layout", "pack", "pack_into", "seal", "unpack", "leaf", "is_packed"]
+
+Shape = tuple | None
+
+# Compiling a builder costs ~0.1 ms and must stay well within Python's limits
+# on nested expressions; larger shapes (a ConfigMap with thousands of keys, a
+# deeply nested custom resource) are built by `_build_walk`.
+_MAX_COMPILED_LEAVES = 2000
+_MAX_COMPILED_DEPTH = 40
+
+
+class Layout:
+    """The structure shared by packed objects of one shape, and its builder."""
+
+    __slots__ = ("shape", "leaves", "build", "_paths")
+
+    def __init__(self, shape: Shape, leaves: int):
+        self.shape = shape
+        self.leaves = leaves
+        self.build: Callable[[tuple], object] = _builder(shape, leaves)
+        self._paths: dict[tuple, int | None] = {}
+
+    def index_of(self, path: tuple[str, ...]) -> int | None:
+        """Where the leaf at `path` (dict keys) is in a packed object of this layout;
+        None when the path is absent or leads to a dict or list. Remembered per path."""
+        try:
+            return self._paths[path]
+        except KeyError:
+            pass
+        found = _leaf_index(self.shape, path)
+        self._paths[path] = found
+        return found
+
+
+class _LayoutTable:
+    """shape -> Layout, bounded: when full it starts over (see the module docstring)."""
+
+    def __init__(self, max_entries: int = 1 << 14):
+        self.max_entries = max_entries
+        self._table: dict[Shape, Layout] = {}
+        self._lock = threading.Lock()
+
+    def layout(self, shape: Shape, leaves: int) -> Layout:
+        found = self._table.get(shape)
+        if found is not None:
+            return found
+        made = Layout(shape, leaves)
+        with self._lock:
+            if len(self._table) >= self.max_entries:
+                self._table = {}
+            return self._table.setdefault(shape, made)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+LAYOUTS = _LayoutTable()
+
+
+def pack_into(value: object, leaves: list) -> Shape:
+    """Append `value`'s leaves to `leaves` (depth first, in key order); return its shape."""
+    cls = value.__class__
+    if cls is dict:
+        return ("{", tuple(value), tuple([pack_into(item, leaves) for item in value.values()]))
+    if cls is list:
+        return ("[", tuple([pack_into(item, leaves) for item in value]))
+    leaves.append(value)
+    return None
+
+
+def seal(shape: Shape, leaves: list) -> tuple:
+    """The packed object of `shape` and its `leaves` (as pack_into made them)."""
+    leaves.insert(0, LAYOUTS.layout(shape, len(leaves)))
+    return tuple(leaves)
+
+
+def pack(value: object) -> tuple:
+    """The packed form of a JSON-like value (usually an object: a dict)."""
+    leaves: list = []
+    return seal(pack_into(value, leaves), leaves)
+
+
+def unpack(packed: tuple) -> object:
+    """A new copy of the value `packed` was made from."""
+    return packed[0].build(packed)
+
+
+def is_packed(value: object) -> bool:
+    return value.__class__ is tuple and bool(value) and value[0].__class__ is Layout
+
+
+def leaf(packed: tuple, path: tuple[str, ...]) -> object | None:
+    """The leaf at `path` of a packed object without unpacking it; None if there is none."""
+    index = packed[0].index_of(path)
+    return None if index is None else packed[index]
+
+
+def _leaf_index(shape: Shape, path: tuple[str, ...]) -> int | None:
+    index = 1                       # packed[0] is the layout
+    for step in path:
+        if shape is None or shape[0] != "{" or step not in shape[1]:
+            return None
+        position = shape[1].index(step)
+        index += sum(_leaf_count(child) for child in shape[2][:position])
+        shape = shape[2][position]
+    return index if shape is None else None
+
+
+def _leaf_count(shape: Shape) -> int:
+    if shape is None:
+        return 1
+    return sum(_leaf_count(child) for child in (shape[2] if shape[0] == "{" else shape[1]))
+
+
+# ---- builders -----------------------------------------------------------------
+
+
+def _builder(shape: Shape, leaves: int) -> Callable[[tuple], object]:
+    if leaves <= _MAX_COMPILED_LEAVES and _depth(shape) <= _MAX_COMPILED_DEPTH:
+        keys: list = []
+        source = _source(shape, [0], keys)
+        # The source holds only `v[i]`, `k[j]`, braces, brackets, colons and
+        # commas (see _source): nothing from the object itself is compiled.
+        try:
+            make = eval(compile(f"lambda k: lambda v: {source}", "<packed layout>", "eval"),
+                        {"__builtins__": {}})
+            return make(tuple(keys))
+        except (RecursionError, MemoryError, SyntaxError):  # pragma: no cover - limits
+            pass
+    return lambda packed: _build_walk(shape, iter(packed[1:]).__next__)
+
+
+def _depth(shape: Shape) -> int:
+    if shape is None:
+        return 0
+    children = shape[2] if shape[0] == "{" else shape[1]
+    return 1 + max((_depth(c) for c in children), default=0)
+
+
+def _source(shape: Shape, leaf: list[int], keys: list) -> str:
+    """Python source building `shape` from leaves `v` (v[0] is the layout) and keys `k`."""
+    if shape is None:
+        leaf[0] += 1
+        return f"v[{leaf[0]}]"
+    if shape[0] == "{":
+        items = []
+        for key, child in zip(shape[1], shape[2]):
+            keys.append(key)
+            items.append(f"k[{len(keys) - 1}]: {_source(child, leaf, keys)}")
+        return "{" + ", ".join(items) + "}"
+    return "[" + ", ".join(_source(child, leaf, keys) for child in shape[1]) + "]"
+
+
+def _build_walk(shape: Shape, next_leaf: Callable[[], object]) -> object:
+    if shape is None:
+        return next_leaf()
+    if shape[0] == "{":
+        return {key: _build_walk(child, next_leaf) for key, child in zip(shape[1], shape[2])}
+    return [_build_walk(child, next_leaf) for child in shape[1]]
