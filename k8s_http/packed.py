@@ -40,7 +40,7 @@ Shape = tuple | None
 # Compiling a builder costs ~0.1 ms and must stay well within Python's limits
 # on nested expressions; larger shapes (a ConfigMap with thousands of keys, a
 # deeply nested custom resource) are built by `_build_walk`.
-_MAX_COMPILED_LEAVES = 2000
+_MAX_COMPILED_NODES = 4000
 _MAX_COMPILED_DEPTH = 40
 
 
@@ -126,6 +126,11 @@ def is_packed(value: object) -> bool:
 
 def leaf(packed: tuple, path: tuple[str, ...]) -> object | None:
     """The leaf at `path` of a packed object without unpacking it; None if there is none."""
+    if packed[0].shape is None:         # a value packed whole (see Store): walk it
+        value = packed[1]
+        for step in path:
+            value = value.get(step) if isinstance(value, dict) else None
+        return None if isinstance(value, (dict, list)) else value
     index = packed[0].index_of(path)
     return None if index is None else packed[index]
 
@@ -151,7 +156,7 @@ def _leaf_count(shape: Shape) -> int:
 
 
 def _builder(shape: Shape, leaves: int) -> Callable[[tuple], object]:
-    if leaves <= _MAX_COMPILED_LEAVES and _depth(shape) <= _MAX_COMPILED_DEPTH:
+    if _fits_compiling(shape):
         keys: list = []
         source = _source(shape, [0], keys)
         # The source holds only `v[i]`, `k[j]`, braces, brackets, colons and
@@ -165,11 +170,19 @@ def _builder(shape: Shape, leaves: int) -> Callable[[tuple], object]:
     return lambda packed: _build_walk(shape, iter(packed[1:]).__next__)
 
 
-def _depth(shape: Shape) -> int:
-    if shape is None:
-        return 0
-    children = shape[2] if shape[0] == "{" else shape[1]
-    return 1 + max((_depth(c) for c in children), default=0)
+def _fits_compiling(shape: Shape) -> bool:
+    """Whether the shape has at most _MAX_COMPILED_NODES nodes (leaves, keys and
+    items) and _MAX_COMPILED_DEPTH levels. Iterative: a shape may be deeper than
+    the recursion limit allows from here."""
+    nodes, todo = 0, [(shape, 0)]
+    while todo:
+        node, depth = todo.pop()
+        nodes += 1
+        if nodes > _MAX_COMPILED_NODES or depth > _MAX_COMPILED_DEPTH:
+            return False
+        if node is not None:
+            todo.extend((child, depth + 1) for child in node[-1])
+    return True
 
 
 def _source(shape: Shape, leaf: list[int], keys: list) -> str:

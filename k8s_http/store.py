@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
 from .objects import resource_version_of as _rv
-from .packed import is_packed, leaf, pack
+from .packed import is_packed, leaf, pack, seal
 from .projection import Projection
 
 __all__ = ["Store", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_owner_uid"]
@@ -80,10 +80,10 @@ class Store:
         self._compact = compact
         if not compact:
             self.prepare: Callable[[dict], object] = self._transform
-        elif isinstance(transform, Projection):
-            self.prepare = transform.pack
         else:
-            self.prepare = lambda obj: pack(self._transform(obj))
+            self._pack = (transform.pack if isinstance(transform, Projection)
+                          else lambda obj: pack(self._transform(obj)))
+            self.prepare = self._prepare_packed
         every = {**DEFAULT_INDEXERS, **(indexers or {})}
         # The namespace index is answered from the keys (each key holds its
         # namespace): a scan per query, which only a relist by namespace makes,
@@ -113,6 +113,18 @@ class Store:
         self._recent: dict[ObjectKey, int] = {}
 
     # ---- the stored form ----------------------------------------------------
+
+    def _prepare_packed(self, obj: dict) -> tuple:
+        try:
+            return self._pack(obj)
+        except RecursionError:
+            # Nested deeper than the walks can go (JSON decodes deeper than that):
+            # kept whole as one leaf, shared with readers as compact=False would.
+            try:
+                obj = self._transform(obj)
+            except RecursionError:
+                pass
+            return seal(None, [obj])
 
     def _restore(self, stored: object) -> dict:
         return stored[0].build(stored) if self._compact else stored

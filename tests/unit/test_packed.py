@@ -55,11 +55,12 @@ def test_a_leaf_is_read_without_unpacking():
 
 
 def test_shapes_too_large_or_too_deep_to_compile_are_built_by_a_walk():
-    wide = {f"k{i}": i for i in range(packed._MAX_COMPILED_LEAVES + 1)}
+    wide = {f"k{i}": i for i in range(packed._MAX_COMPILED_NODES + 1)}
+    keys_only = {f"k{i}": {} for i in range(packed._MAX_COMPILED_NODES + 1)}   # no leaves
     deep: object = "leaf"
     for _ in range(packed._MAX_COMPILED_DEPTH + 5):
         deep = {"d": [deep]}
-    for value in (wide, deep):
+    for value in (wide, keys_only, deep):
         assert unpack(pack(value)) == value
 
 

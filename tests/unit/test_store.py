@@ -395,3 +395,20 @@ def test_the_namespace_index_is_answered_from_the_keys_after_every_kind_of_write
     s.delete(ObjectKey("n2", "b"))
     assert names(s.by_index("namespace", "n1")) == ["c"]
     assert names(s.by_index("namespace", "n2")) == ["d"]
+
+
+def test_an_object_too_deep_to_pack_is_kept_whole():
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):
+        node["d"] = {}
+        node = node["d"]
+    s = Store()
+    o = obj("a")
+    o["spec"] = deep
+    s.upsert(o)
+    got = s.get(ObjectKey("default", "a"))
+    assert got["metadata"]["name"] == "a" and got["spec"] is deep
+    assert s.resource_version(ObjectKey("default", "a")) == "1"
+    s.replace([s.prepare(o)], prepared=True)
+    assert s.keys() == [ObjectKey("default", "a")]
