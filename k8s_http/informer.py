@@ -157,10 +157,10 @@ class Informer:
         vanished = self.store.replace(items, namespace=namespace, prepared=True)
         self._metrics.cache_objects.labels(self._label).set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
-        # not watching is unknown, and the queue deduplicates.
-        listed = (self.store.list() if namespace is None
-                  else self.store.by_index("namespace", namespace))
-        for obj in listed:
+        # not watching is unknown, and the queue deduplicates. The listed objects
+        # are built one at a time: all of them at once would be the whole list
+        # as dicts again, the peak the packed store exists to avoid.
+        for obj in self.store.built(items):
             self._enqueue(obj)
         for obj in vanished:
             self._enqueue(obj)

@@ -25,7 +25,7 @@ observes a key, which is why this lives here and not in a controller.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
 from .objects import resource_version_of as _rv
@@ -154,6 +154,13 @@ class Store:
         with self._lock:
             written = self._written.get(key)
             return self._stored_rv(written[1] if written is not None else self._objects.get(key))
+
+    def built(self, stored: Iterable) -> Iterator[dict]:
+        """The objects that stored forms (`prepare`'s answers) stand for, built one
+        at a time; items that are not stored forms are skipped, as `replace` does."""
+        for item in stored:
+            if is_packed(item) if self._compact else isinstance(item, dict):
+                yield self._restore(item)
 
     def list(self) -> list[dict]:
         with self._lock:

@@ -412,3 +412,11 @@ def test_an_object_too_deep_to_pack_is_kept_whole():
     assert s.resource_version(ObjectKey("default", "a")) == "1"
     s.replace([s.prepare(o)], prepared=True)
     assert s.keys() == [ObjectKey("default", "a")]
+
+
+def test_built_gives_the_objects_of_stored_forms_one_at_a_time():
+    for s in (Store(), Store(compact=False)):
+        items = [s.prepare(obj("a")), "garbage", s.prepare(obj("b"))]
+        built = s.built(items)
+        assert next(built)["metadata"]["name"] == "a"
+        assert [o["metadata"]["name"] for o in built] == ["b"]
