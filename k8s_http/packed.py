@@ -8,13 +8,16 @@ object keeps only its leaves:
 
     pack({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": [1, 2]})
       == (layout, "a", "1", 1, 2)
-    where layout.shape == ("{", ("metadata", "spec"),
-                                (("{", ("name", "labels"), (None, ("{", ("x",), (None,)))),
-                                 ("[", (None, None))))
 
-A shape is None for a leaf, ("{", keys, child shapes) for a dict and
-("[", child shapes) for a list. Leaves are everything else: strings, numbers,
-booleans, None (and, from a caller that is not JSON, any other object, kept as is).
+Leaves are everything that is not a dict or a list: strings, numbers,
+booleans, None (and, from a caller that is not JSON, any other object, kept as
+is). The structure is written while walking as a flat signature, a tuple of
+tokens, cheap to hash and compare when looking its layout up:
+
+    MAP "metadata" MAP "name" LEAF "labels" MAP "x" LEAF END END "spec" LIST LEAF LEAF END END
+
+A layout turns it once into a nested shape for its builder: None for a leaf,
+("{", keys, child shapes) for a dict, ("[", child shapes) for a list.
 
 Invariants:
   * `unpack(pack(obj)) == obj`, with the same key order, and every dict and list
@@ -33,9 +36,25 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["Layout", "pack", "pack_into", "seal", "unpack", "leaf", "is_packed"]
+__all__ = ["Layout", "pack", "pack_into", "seal", "unpack", "leaf", "is_packed",
+           "MAP", "LIST", "END", "LEAF"]
 
 Shape = tuple | None
+
+
+class _Token:
+    """A structural token of a signature; map keys are the only other tokens."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+MAP, LIST, END, LEAF = _Token("MAP"), _Token("LIST"), _Token("END"), _Token("LEAF")
 
 # Compiling a builder costs ~0.1 ms and must stay well within Python's limits
 # on nested expressions; larger shapes (a ConfigMap with thousands of keys, a
@@ -49,8 +68,8 @@ class Layout:
 
     __slots__ = ("shape", "leaves", "build", "_paths")
 
-    def __init__(self, shape: Shape, leaves: int):
-        self.shape = shape
+    def __init__(self, signature: tuple, leaves: int):
+        self.shape = shape = _nest(signature)
         self.leaves = leaves
         self.build: Callable[[tuple], object] = _builder(shape, leaves)
         self._paths: dict[tuple, int | None] = {}
@@ -68,22 +87,22 @@ class Layout:
 
 
 class _LayoutTable:
-    """shape -> Layout, bounded: when full it starts over (see the module docstring)."""
+    """signature -> Layout, bounded: when full it starts over (see the module docstring)."""
 
     def __init__(self, max_entries: int = 1 << 14):
         self.max_entries = max_entries
-        self._table: dict[Shape, Layout] = {}
+        self._table: dict[tuple, Layout] = {}
         self._lock = threading.Lock()
 
-    def layout(self, shape: Shape, leaves: int) -> Layout:
-        found = self._table.get(shape)
+    def layout(self, signature: tuple, leaves: int) -> Layout:
+        found = self._table.get(signature)
         if found is not None:
             return found
-        made = Layout(shape, leaves)
+        made = Layout(signature, leaves)
         with self._lock:
             if len(self._table) >= self.max_entries:
                 self._table = {}
-            return self._table.setdefault(shape, made)
+            return self._table.setdefault(signature, made)
 
     def __len__(self) -> int:
         return len(self._table)
@@ -92,27 +111,38 @@ class _LayoutTable:
 LAYOUTS = _LayoutTable()
 
 
-def pack_into(value: object, leaves: list) -> Shape:
-    """Append `value`'s leaves to `leaves` (depth first, in key order); return its shape."""
+def pack_into(value: object, leaves: list, signature: list) -> None:
+    """Append `value`'s leaves to `leaves` (depth first, in key order) and its
+    structure's tokens to `signature`."""
     cls = value.__class__
     if cls is dict:
-        return ("{", tuple(value), tuple([pack_into(item, leaves) for item in value.values()]))
-    if cls is list:
-        return ("[", tuple([pack_into(item, leaves) for item in value]))
-    leaves.append(value)
-    return None
+        signature.append(MAP)
+        for key, item in value.items():
+            signature.append(key)
+            pack_into(item, leaves, signature)
+        signature.append(END)
+    elif cls is list:
+        signature.append(LIST)
+        for item in value:
+            pack_into(item, leaves, signature)
+        signature.append(END)
+    else:
+        leaves.append(value)
+        signature.append(LEAF)
 
 
-def seal(shape: Shape, leaves: list) -> tuple:
-    """The packed object of `shape` and its `leaves` (as pack_into made them)."""
-    leaves.insert(0, LAYOUTS.layout(shape, len(leaves)))
+def seal(signature: list, leaves: list) -> tuple:
+    """The packed object of the structure `signature` and its `leaves` (as pack_into made them)."""
+    leaves.insert(0, LAYOUTS.layout(tuple(signature), len(leaves)))
     return tuple(leaves)
 
 
 def pack(value: object) -> tuple:
     """The packed form of a JSON-like value (usually an object: a dict)."""
     leaves: list = []
-    return seal(pack_into(value, leaves), leaves)
+    signature: list = []
+    pack_into(value, leaves, signature)
+    return seal(signature, leaves)
 
 
 def unpack(packed: tuple) -> object:
@@ -150,6 +180,30 @@ def _leaf_count(shape: Shape) -> int:
     if shape is None:
         return 1
     return sum(_leaf_count(child) for child in (shape[2] if shape[0] == "{" else shape[1]))
+
+
+def _nest(signature: tuple) -> Shape:
+    """The nested shape a signature stands for (iterative: any depth)."""
+    root: Shape = None
+    open_: list[tuple[str, list, list]] = []       # containers being read: kind, keys, children
+    for token in signature:
+        if token is MAP or token is LIST:
+            open_.append(("{" if token is MAP else "[", [], []))
+            continue
+        if token is END:
+            kind, keys, children = open_.pop()
+            node: Shape = ("{", tuple(keys), tuple(children)) if kind == "{" \
+                else ("[", tuple(children))
+        elif token is LEAF:
+            node = None
+        else:                                       # a key of the innermost map
+            open_[-1][1].append(token)
+            continue
+        if open_:
+            open_[-1][2].append(node)
+        else:
+            root = node
+    return root
 
 
 # ---- builders -----------------------------------------------------------------

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from .packed import Shape, pack_into, seal
+from .packed import END, LEAF, LIST, MAP, seal
 
 __all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
 
@@ -156,7 +156,9 @@ class Projection:
         """The projection of `obj` in packed form (k8s_http.packed), made in one walk:
         `unpack(self.pack(obj)) == self(obj)`, without building the projected dicts."""
         leaves: list = []
-        return seal(self._pack_node(obj, self._tree, self._bound_intern(), leaves), leaves)
+        signature: list = []
+        self._pack_node(obj, self._tree, self._bound_intern(), leaves.append, signature.append)
+        return seal(signature, leaves)
 
     def guarded(self, obj: dict) -> dict:
         """The projection of `obj` where reading a dropped key raises DroppedFieldRead."""
@@ -203,49 +205,60 @@ class Projection:
             return _Guarded(out, dropped, where)
         return out
 
-    # ---- the same walks, packing: leaves appended to `leaves`, the shape returned.
-    # Map keys are not interned here: a packed object keeps no keys, its layout does.
+    # ---- the same walks, packing: leaves and signature tokens appended
+    # (`leaf`, `token`: the two lists' append). Map keys are not interned here:
+    # a packed object keeps no keys, its layout does.
 
-    def _pack_node(self, value: object, tree: dict | None | str, intern, leaves: list) -> Shape:
+    def _pack_node(self, value: object, tree: dict | None | str, intern, leaf, token) -> None:
         if tree is None:
-            return self._pack_whole(value, intern, leaves)
-        if tree == _DISTINCT:
-            return pack_into(value, leaves)
-        if isinstance(value, list):
-            return ("[", tuple([self._pack_node(item, tree, intern, leaves) for item in value]))
-        if not isinstance(value, dict):
-            return self._pack_whole(value, intern, leaves)
-        keys, shapes = [], []
-        every = tree.get("*", False)
-        for key, item in value.items():
-            sub = tree.get(key, every)
-            if sub is False:
-                continue
-            if sub is None and item.__class__ is str:
-                leaves.append(intern(item, item))
-                shape = None
-            elif sub is None and not isinstance(item, (dict, list)):
-                leaves.append(item)
-                shape = None
-            elif sub is None:
-                shape = self._pack_whole(item, intern, leaves)
-            elif sub.__class__ is str:               # _DISTINCT: kept as it is
-                shape = pack_into(item, leaves)
-            else:
-                shape = self._pack_node(item, sub, intern, leaves)
-            keys.append(key)
-            shapes.append(shape)
-        return ("{", tuple(keys), tuple(shapes))
+            self._pack_whole(value, intern, leaf, token)
+        elif tree == _DISTINCT:
+            self._pack_whole(value, _keep_as_is, leaf, token)
+        elif isinstance(value, list):
+            token(LIST)
+            for item in value:
+                self._pack_node(item, tree, intern, leaf, token)
+            token(END)
+        elif not isinstance(value, dict):
+            self._pack_whole(value, intern, leaf, token)
+        else:
+            token(MAP)
+            every = tree.get("*", False)
+            for key, item in value.items():
+                sub = tree.get(key, every)
+                if sub is False:
+                    continue
+                token(key)
+                if sub is None and item.__class__ is str:
+                    leaf(intern(item, item))
+                    token(LEAF)
+                elif sub is None and not isinstance(item, (dict, list)):
+                    leaf(item)
+                    token(LEAF)
+                elif sub is None:
+                    self._pack_whole(item, intern, leaf, token)
+                elif sub.__class__ is str:           # _DISTINCT: kept as it is
+                    self._pack_whole(item, _keep_as_is, leaf, token)
+                else:
+                    self._pack_node(item, sub, intern, leaf, token)
+            token(END)
 
-    def _pack_whole(self, value: object, intern, leaves: list) -> Shape:
+    def _pack_whole(self, value: object, intern, leaf, token) -> None:
         cls = value.__class__
         if cls is dict:
-            return ("{", tuple(value),
-                    tuple([self._pack_whole(v, intern, leaves) for v in value.values()]))
-        if cls is list:
-            return ("[", tuple([self._pack_whole(v, intern, leaves) for v in value]))
-        leaves.append(intern(value, value) if isinstance(value, str) else value)
-        return None
+            token(MAP)
+            for key, item in value.items():
+                token(key)
+                self._pack_whole(item, intern, leaf, token)
+            token(END)
+        elif cls is list:
+            token(LIST)
+            for item in value:
+                self._pack_whole(item, intern, leaf, token)
+            token(END)
+        else:
+            leaf(intern(value, value) if isinstance(value, str) else value)
+            token(LEAF)
 
     def _whole(self, value: object, intern) -> object:
         """A copy with every string interned (keys and values)."""

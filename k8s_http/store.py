@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
 from .objects import resource_version_of as _rv
-from .packed import is_packed, leaf, pack, seal
+from .packed import LEAF, is_packed, leaf, pack, seal
 from .projection import Projection
 
 __all__ = ["Store", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_owner_uid"]
@@ -124,7 +124,7 @@ class Store:
                 obj = self._transform(obj)
             except RecursionError:
                 pass
-            return seal(None, [obj])
+            return seal([LEAF], [obj])
 
     def _restore(self, stored: object) -> dict:
         return stored[0].build(stored) if self._compact else stored
@@ -156,11 +156,14 @@ class Store:
             return self._stored_rv(written[1] if written is not None else self._objects.get(key))
 
     def built(self, stored: Iterable) -> Iterator[dict]:
-        """The objects that stored forms (`prepare`'s answers) stand for, built one
-        at a time; items that are not stored forms are skipped, as `replace` does."""
+        """The objects that `replace(stored, prepared=True)` stored, built one at a
+        time: stored forms (`prepare`'s answers) and dicts as replace takes them,
+        anything else skipped, as replace skips it."""
         for item in stored:
-            if is_packed(item) if self._compact else isinstance(item, dict):
+            if self._compact and is_packed(item):
                 yield self._restore(item)
+            elif isinstance(item, dict):
+                yield self._restore(self.prepare(item)) if self._compact else item
 
     def list(self) -> list[dict]:
         with self._lock:

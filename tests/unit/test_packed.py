@@ -66,6 +66,7 @@ def test_shapes_too_large_or_too_deep_to_compile_are_built_by_a_walk():
 
 def test_the_layout_table_is_bounded_and_old_objects_keep_theirs():
     table = packed._LayoutTable(max_entries=2)
-    layouts = [table.layout(("[", (None,) * n), n) for n in range(1, 6)]
+    layouts = [table.layout((packed.LIST,) + (packed.LEAF,) * n + (packed.END,), n)
+               for n in range(1, 6)]
     assert len(table) <= 2
     assert [layout.leaves for layout in layouts] == [1, 2, 3, 4, 5]
