@@ -68,11 +68,13 @@ from k8s_http import (
     meta_of,
     needs_apply,
     owner_reference,
+    pack,
     parse_quantity,
     port_key,
     resource_version_of,
     rfc3339_now,
     set_condition,
+    unpack,
     setup_logging,
     with_config_hash,
 )
@@ -188,6 +190,9 @@ _CHILD_META = (
     ("metadata", "annotations", CONFIG_HASH_ANNOTATION),  # needs_apply, _ensure_child
     "metadata.ownerReferences",   # is_controlled_by, needs_apply, the informer's mapper
 )
+# Unique per object: sharing them would only grow the intern table.
+_CHILD_DISTINCT = ("metadata.resourceVersion",
+                   ("metadata", "annotations", CONFIG_HASH_ANNOTATION))
 DEPLOYMENT_PROJECTION = Projection(_CHILD_META + (
     # needs_apply and foreign_entries_patch: what render_deployment sends, and
     # the names of the entries beside ours.
@@ -204,11 +209,11 @@ DEPLOYMENT_PROJECTION = Projection(_CHILD_META + (
     "status.observedGeneration", "status.replicas", "status.readyReplicas",
     "status.updatedReplicas", "status.conditions[].type", "status.conditions[].status",
     "status.conditions[].reason", "status.conditions[].message",
-), distinct=("metadata.resourceVersion", "status.conditions[].message"))
+), distinct=_CHILD_DISTINCT + ("status.conditions[].message",))
 SERVICE_PROJECTION = Projection(_CHILD_META + (
     "spec.type", "spec.selector",                       # needs_apply
     "spec.ports[].port", "spec.ports[].targetPort", "spec.ports[].protocol",  # + foreign ports
-), distinct=("metadata.resourceVersion",))
+), distinct=_CHILD_DISTINCT)
 MY_PROJECTION = Projection((
     "apiVersion", "kind",                               # EventRecorder's involvedObject
     "metadata.name", "metadata.namespace", "metadata.uid", "metadata.generation",
@@ -913,7 +918,8 @@ class MyReconciler:
         is reconciled a second time when its Deployment's controller answers, from
         the same My version, and validating and rendering (with the canonical JSON
         of the config hash) was a fifth of a burst's CPU. Same version, same
-        object, same answer. Callers must not modify what is returned.
+        object, same answer. The children are remembered packed (k8s_http.pack:
+        ~1 kB where their dicts take ~7 kB) and every answer is a new copy.
         """
         version = (key, meta_of(my).get("uid"), resource_version_of(my))
         if version[2] is not None:
@@ -921,16 +927,17 @@ class MyReconciler:
                 remembered = self._rendered.get(version)
                 if remembered is not None:
                     self._rendered.move_to_end(version)
-                    return remembered
+            if remembered is not None:
+                problems, children = remembered
+                return problems, tuple(unpack(child) for child in children)
         problems = validate_my(my)
-        answer = problems, (() if problems else
-                            tuple(render(my) for _, render in self.CHILDREN))
+        children = () if problems else tuple(render(my) for _, render in self.CHILDREN)
         if version[2] is not None:
             with self._rendered_lock:
-                self._rendered[version] = answer
+                self._rendered[version] = problems, tuple(pack(child) for child in children)
                 while len(self._rendered) > RENDER_MEMO_SIZE:
                     self._rendered.popitem(last=False)
-        return answer
+        return problems, children
 
     @staticmethod
     def _has_acted_on(my: dict) -> bool:

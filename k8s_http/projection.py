@@ -249,7 +249,16 @@ class Projection:
             token(MAP)
             for key, item in value.items():
                 token(key)
-                self._pack_whole(item, intern, leaf, token)
+                # Leaves inline: most values kept whole are maps of strings.
+                kind = item.__class__
+                if kind is str:
+                    leaf(intern(item, item))
+                    token(LEAF)
+                elif kind is dict or kind is list or isinstance(item, str):
+                    self._pack_whole(item, intern, leaf, token)
+                else:
+                    leaf(item)
+                    token(LEAF)
             token(END)
         elif cls is list:
             token(LIST)

@@ -1560,7 +1560,11 @@ def test_validation_and_rendering_are_remembered_per_my_version_and_bounded(
     monkeypatch.setattr(controller, "validate_my", lambda my: calls.append(1) or real_validate(my))
     my = mgr.stores[MY].get(KEY)
     first = reconciler._desired(KEY, my)
-    assert reconciler._desired(KEY, my) is first and len(calls) == 1
+    again = reconciler._desired(KEY, my)
+    assert again == first and len(calls) == 1
+    # Each answer is the caller's own copy: editing one changes no later answer.
+    again[1][0]["spec"]["replicas"] = 42
+    assert reconciler._desired(KEY, my) == first and len(calls) == 1
     newer = copy.deepcopy(my)
     newer["metadata"]["resourceVersion"] = "999"
     newer["spec"]["replicas"] = 5
