@@ -691,7 +691,9 @@ def desired_status(my: dict, deployment: dict | None, *,
     else:
         cond_status, (reason, message) = "False", condition
     counts = (deployment or {}).get("status") or {}
-    new = copy.deepcopy(old)
+    # A shallow copy: every key this sets is replaced, not changed in place (set_condition
+    # copies the conditions), and the rest is carried over as it is, never modified.
+    new = dict(old)
     new.update({
         "observedGeneration": generation,
         "replicas": counts.get("replicas") or 0,

@@ -46,7 +46,8 @@ class EventRecorder:
     BURST = 5
     REFILL_SECONDS = 30.0
     DEDUPE_SECONDS = 300.0
-    # Forget per-object state idle for this long once this many objects are tracked.
+    # Per-object state idle long enough is forgotten once more than this many
+    # objects are tracked (see _admit for when).
     PRUNE_ABOVE = 1024
     MAX_MESSAGE_CHARS = 1024
     OUTBOX_LIMIT = 1000
@@ -65,6 +66,13 @@ class EventRecorder:
         self._lock = threading.Lock()
         # key -> [tokens, last refill time, {(type, reason, message): last sent}]
         self._state: dict[ObjectKey, list] = {}
+        # _state is pruned when it grows past this: PRUNE_ABOVE, or twice what
+        # the last prune kept. A prune walks every entry, so pruning at every
+        # Event above PRUNE_ABOVE made each Event cost O(objects) while all of
+        # them were recent (a burst of 1,000 new objects: a tenth of the
+        # operator's CPU). Doubling keeps it O(1) per Event on average, and
+        # _state at most about twice the objects with recent Events.
+        self._prune_above = self.PRUNE_ABOVE
         self.sent = 0
         self.dropped = 0
         self._asynchronous = asynchronous
@@ -80,8 +88,9 @@ class EventRecorder:
     def _admit(self, key: ObjectKey, signature: tuple) -> bool:
         now = self._clock()
         with self._lock:
-            if len(self._state) > self.PRUNE_ABOVE:
+            if len(self._state) > self._prune_above:
                 self._prune(now)
+                self._prune_above = max(self.PRUNE_ABOVE, 2 * len(self._state))
             state = self._state.setdefault(key, [float(self.BURST), now, {}])
             tokens, last, recent = state
             tokens = min(float(self.BURST), tokens + (now - last) / self.REFILL_SECONDS)

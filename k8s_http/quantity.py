@@ -9,6 +9,7 @@ Non-negative quantities only (what resource requests and limits accept).
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -46,6 +47,14 @@ def parse_quantity(value: object) -> Fraction:
         return Fraction(value)
     if not isinstance(value, str):
         raise ValueError("must be a string such as 100m or 256Mi")
+    return _parse_text(value)
+
+
+# Quantity texts repeat across objects ("100m", "64Mi"), and each object's are
+# parsed at every validation and apply check: remembered, a bounded number.
+# (A Fraction is immutable; a ValueError is raised again, never remembered.)
+@functools.lru_cache(maxsize=1024)
+def _parse_text(value: str) -> Fraction:
     match = _QUANTITY.match(value)
     if not match:
         raise ValueError(f"{value!r} is not a quantity (examples: 100m, 0.5, 256Mi, 1G)")
@@ -62,6 +71,10 @@ def parse_quantity(value: object) -> Fraction:
 
 def same_quantity(a: object, b: object) -> bool:
     """Equal by value when both are quantities; otherwise compared as they are."""
+    if type(a) is str and a == b:
+        # The same text is the same value, or the same non-quantity: equal either
+        # way. The usual case (needs_apply on every reconcile), without Fractions.
+        return True
     try:
         return parse_quantity(a) == parse_quantity(b)
     except ValueError:

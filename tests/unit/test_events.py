@@ -140,3 +140,27 @@ def test_close_gives_up_after_its_timeout():
     rec.close(timeout_seconds=0.05)                # "a" is stuck in create: "b" is dropped
     assert rec.dropped == 1
     client.release.set()
+
+
+def test_idle_state_is_forgotten_but_not_walked_at_every_event(monkeypatch):
+    # Above PRUNE_ABOVE objects the per-object state is pruned, but a prune that
+    # keeps everything (all Events recent: a burst) must not be repeated at the
+    # next Event, or each Event walks every object.
+    monkeypatch.setattr(EventRecorder, "PRUNE_ABOVE", 10)
+    client, clock = events_client(), FakeClock(0.0)
+    rec = EventRecorder(client, component="my-controller", instance="t", clock=clock)
+    walks = []
+    real_prune = EventRecorder._prune
+    monkeypatch.setattr(EventRecorder, "_prune",
+                        lambda self, now: (walks.append(len(self._state)), real_prune(self, now)))
+    for i in range(30):
+        assert rec.event(make_my(f"a{i}"), "Normal", "Created", "x")
+    # Pruned when the state passed 10 (all kept), then not before it passed 22.
+    assert walks == [11, 23]
+    assert len(rec._state) == 30
+    # Once idle past the de-duplication window, the next growth forgets them.
+    clock.now += EventRecorder.DEDUPE_SECONDS + EventRecorder.BURST * EventRecorder.REFILL_SECONDS
+    for i in range(20):
+        rec.event(make_my(f"b{i}"), "Normal", "Created", "x")
+    assert walks == [11, 23, 47]
+    assert {key.name for key in rec._state} == {f"b{i}" for i in range(20)}

@@ -41,3 +41,12 @@ def test_same_quantity_falls_back_to_equality_for_non_quantities():
     assert same_quantity("1000m", "1") and same_quantity(1, "1")
     assert not same_quantity("1", "2")
     assert same_quantity("lots", "lots") and not same_quantity("lots", "1")
+
+
+def test_a_remembered_parse_answers_the_same_and_a_bad_text_fails_every_time():
+    for _ in range(2):
+        assert parse_quantity("1500m") == Fraction(3, 2)
+        with pytest.raises(ValueError, match="is not a quantity"):
+            parse_quantity("12 apples")
+    assert same_quantity("64Mi", "64Mi") and same_quantity("1Gi", "1024Mi")
+    assert not same_quantity("64Mi", "65Mi")
