@@ -112,8 +112,7 @@ def _status() -> dict:
                 if k in ("VmRSS", "VmHWM", "RssAnon", "Threads")}
 
 
-def _maps(reconciler) -> dict:
-    mgr = reconciler.mgr
+def _maps(reconciler, mgr) -> dict:
     out = {}
     for (resource, _), informer in mgr._informers.items():
         store = informer.store
@@ -143,20 +142,26 @@ def run_operator(argv: list[str], trace: bool) -> int:
 
     if trace:
         tracemalloc.start(8)
-    captured = []
+    captured = []          # the reconciler, then the manager (the reconciler no longer holds it)
     original_init = controller.MyReconciler.__init__
+    original_manager_init = controller.Manager.__init__
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
+        captured.insert(0, self)
+
+    def manager_init(self, *args, **kwargs):
+        original_manager_init(self, *args, **kwargs)
         captured.append(self)
 
     controller.MyReconciler.__init__ = init
+    controller.Manager.__init__ = manager_init
 
     def report() -> None:
         gc.collect()
         data = {"status": _status(), "malloc": _mallinfo(), "pymalloc": _pymalloc(),
                 "mappings": _mappings(), "gc_objects": len(gc.get_objects()),
-                "maps": _maps(captured[0]) if captured else {}}
+                "maps": _maps(*captured) if len(captured) == 2 else {}}
         if os.environ.get("WRITE_MEMORY_TRIM"):
             data["rss_after_malloc_trim"] = _trim()
         if trace:
