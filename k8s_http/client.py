@@ -265,10 +265,15 @@ def _typed(obj: dict, resource: Resource) -> dict:
     return out
 
 
+def _list_type(page: dict, resource: Resource) -> tuple[str, str]:
+    """A list page's apiVersion and kind, the resource's where the page has none."""
+    return (page.get("apiVersion") or resource.api_version,
+            page.get("kind") or f"{resource.kind}List")
+
+
 def _item_type(page: dict, resource: Resource) -> tuple[str, str]:
     """The apiVersion and kind of a list page's items, from the list's own kind."""
-    api_version = page.get("apiVersion") or resource.api_version
-    list_kind = page.get("kind") or f"{resource.kind}List"
+    api_version, list_kind = _list_type(page, resource)
     item_kind = list_kind[:-4] if list_kind.endswith("List") and list_kind != "List" \
         else resource.kind
     return api_version, item_kind
@@ -297,8 +302,7 @@ def _prepare_items(page: dict, resource: Resource,
 
 def _merge_pages(pages: list[dict], resource: Resource) -> dict:
     first, last = pages[0], pages[-1]
-    api_version = first.get("apiVersion") or resource.api_version
-    list_kind = first.get("kind") or f"{resource.kind}List"
+    api_version, list_kind = _list_type(first, resource)
     items = []
     for page in pages:
         page_items = page.get("items")

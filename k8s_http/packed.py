@@ -71,7 +71,7 @@ class Layout:
     def __init__(self, signature: tuple, leaves: int):
         self.shape = shape = _nest(signature)
         self.leaves = leaves
-        self.build: Callable[[tuple], object] = _builder(shape, leaves)
+        self.build: Callable[[tuple], object] = _builder(shape)
         self._paths: dict[tuple, int | None] = {}
 
     def index_of(self, path: tuple[str, ...]) -> int | None:
@@ -209,7 +209,7 @@ def _nest(signature: tuple) -> Shape:
 # ---- builders -----------------------------------------------------------------
 
 
-def _builder(shape: Shape, leaves: int) -> Callable[[tuple], object]:
+def _builder(shape: Shape) -> Callable[[tuple], object]:
     if _fits_compiling(shape):
         keys: list = []
         source = _source(shape, [0], keys)
