@@ -19,6 +19,10 @@ tokens, cheap to hash and compare when looking its layout up:
 A layout turns it once into a nested shape for its builder: None for a leaf,
 ("{", keys, child shapes) for a dict, ("[", child shapes) for a list.
 
+A string of decimal digits that a packer knows to be unique (a resourceVersion)
+may be stored as an int, half the size, with the token DIGITS instead of LEAF
+(shape `DIGITS_SHAPE`): the layout turns it back into the same string on the way out.
+
 Invariants:
   * `unpack(pack(obj)) == obj`, with the same key order, and every dict and list
     in the answer is new: readers may edit what they get, the packed form is a
@@ -37,7 +41,7 @@ import threading
 from collections.abc import Callable
 
 __all__ = ["Layout", "pack", "pack_into", "seal", "unpack", "leaf", "is_packed",
-           "MAP", "LIST", "END", "LEAF"]
+           "digits_as_int", "MAP", "LIST", "END", "LEAF", "DIGITS"]
 
 Shape = tuple | None
 
@@ -55,6 +59,21 @@ class _Token:
 
 
 MAP, LIST, END, LEAF = _Token("MAP"), _Token("LIST"), _Token("END"), _Token("LEAF")
+DIGITS = _Token("DIGITS")
+# The shape of a DIGITS leaf (a leaf is None): built as str(the stored int).
+DIGITS_SHAPE = "digits"
+# At most this many digits (an int64, as etcd's revisions are): the int stays
+# small and int() never meets Python's limit on digits.
+_MAX_DIGITS = 18
+
+
+def digits_as_int(value: str) -> int | None:
+    """`value` as an int if `str(int(value)) == value` (ASCII digits, no leading
+    zero, at most 18 of them), else None."""
+    if (len(value) <= _MAX_DIGITS and value.isascii() and value.isdigit()
+            and (value[0] != "0" or len(value) == 1)):
+        return int(value)
+    return None
 
 # Compiling a builder costs ~0.1 ms and must stay well within Python's limits
 # on nested expressions; larger shapes (a ConfigMap with thousands of keys, a
@@ -66,13 +85,14 @@ _MAX_COMPILED_DEPTH = 40
 class Layout:
     """The structure shared by packed objects of one shape, and its builder."""
 
-    __slots__ = ("shape", "leaves", "build", "_paths")
+    __slots__ = ("shape", "leaves", "build", "_paths", "_digits")
 
     def __init__(self, signature: tuple, leaves: int):
         self.shape = shape = _nest(signature)
         self.leaves = leaves
         self.build: Callable[[tuple], object] = _builder(shape)
         self._paths: dict[tuple, int | None] = {}
+        self._digits = frozenset(_digits_indices(shape)) if DIGITS in signature else frozenset()
 
     def index_of(self, path: tuple[str, ...]) -> int | None:
         """Where the leaf at `path` (dict keys) is in a packed object of this layout;
@@ -84,6 +104,11 @@ class Layout:
         found = _leaf_index(self.shape, path)
         self._paths[path] = found
         return found
+
+    def leaf(self, packed: tuple, index: int) -> object:
+        """The leaf at `index` of `packed` as the object had it (DIGITS as the string)."""
+        value = packed[index]
+        return str(value) if index in self._digits else value
 
 
 class _LayoutTable:
@@ -161,8 +186,9 @@ def leaf(packed: tuple, path: tuple[str, ...]) -> object | None:
         for step in path:
             value = value.get(step) if isinstance(value, dict) else None
         return None if isinstance(value, (dict, list)) else value
-    index = packed[0].index_of(path)
-    return None if index is None else packed[index]
+    layout = packed[0]
+    index = layout.index_of(path)
+    return None if index is None else layout.leaf(packed, index)
 
 
 def _leaf_index(shape: Shape, path: tuple[str, ...]) -> int | None:
@@ -173,11 +199,27 @@ def _leaf_index(shape: Shape, path: tuple[str, ...]) -> int | None:
         position = shape[1].index(step)
         index += sum(_leaf_count(child) for child in shape[2][:position])
         shape = shape[2][position]
-    return index if shape is None else None
+    return index if shape is None or shape is DIGITS_SHAPE else None
+
+
+def _digits_indices(shape: Shape) -> list[int]:
+    """The indices (in a packed object) of the DIGITS leaves of `shape`."""
+    found: list[int] = []
+    index = 0
+    todo = [shape]
+    while todo:                         # depth first, in key order, as the leaves are
+        node = todo.pop()
+        if node is None or node is DIGITS_SHAPE:
+            index += 1
+            if node is DIGITS_SHAPE:
+                found.append(index)
+        else:
+            todo.extend(reversed(node[-1]))
+    return found
 
 
 def _leaf_count(shape: Shape) -> int:
-    if shape is None:
+    if shape is None or shape is DIGITS_SHAPE:
         return 1
     return sum(_leaf_count(child) for child in (shape[2] if shape[0] == "{" else shape[1]))
 
@@ -196,6 +238,8 @@ def _nest(signature: tuple) -> Shape:
                 else ("[", tuple(children))
         elif token is LEAF:
             node = None
+        elif token is DIGITS:
+            node = DIGITS_SHAPE
         else:                                       # a key of the innermost map
             open_[-1][1].append(token)
             continue
@@ -213,12 +257,12 @@ def _builder(shape: Shape) -> Callable[[tuple], object]:
     if _fits_compiling(shape):
         keys: list = []
         source = _source(shape, [0], keys)
-        # The source holds only `v[i]`, `k[j]`, braces, brackets, colons and
-        # commas (see _source): nothing from the object itself is compiled.
+        # The source holds only `v[i]`, `k[j]`, `s(...)`, braces, brackets, colons
+        # and commas (see _source): nothing from the object itself is compiled.
         try:
-            make = eval(compile(f"lambda k: lambda v: {source}", "<packed layout>", "eval"),
+            make = eval(compile(f"lambda k, s: lambda v: {source}", "<packed layout>", "eval"),
                         {"__builtins__": {}})
-            return make(tuple(keys))
+            return make(tuple(keys), str)
         except (RecursionError, MemoryError, SyntaxError):  # pragma: no cover - limits
             pass
     return lambda packed: _build_walk(shape, iter(packed[1:]).__next__)
@@ -234,16 +278,20 @@ def _fits_compiling(shape: Shape) -> bool:
         nodes += 1
         if nodes > _MAX_COMPILED_NODES or depth > _MAX_COMPILED_DEPTH:
             return False
-        if node is not None:
+        if node is not None and node is not DIGITS_SHAPE:
             todo.extend((child, depth + 1) for child in node[-1])
     return True
 
 
 def _source(shape: Shape, leaf: list[int], keys: list) -> str:
-    """Python source building `shape` from leaves `v` (v[0] is the layout) and keys `k`."""
+    """Python source building `shape` from leaves `v` (v[0] is the layout), keys `k`
+    and `s` (str, for DIGITS leaves)."""
     if shape is None:
         leaf[0] += 1
         return f"v[{leaf[0]}]"
+    if shape is DIGITS_SHAPE:
+        leaf[0] += 1
+        return f"s(v[{leaf[0]}])"
     if shape[0] == "{":
         items = []
         for key, child in zip(shape[1], shape[2]):
@@ -256,6 +304,8 @@ def _source(shape: Shape, leaf: list[int], keys: list) -> str:
 def _build_walk(shape: Shape, next_leaf: Callable[[], object]) -> object:
     if shape is None:
         return next_leaf()
+    if shape is DIGITS_SHAPE:
+        return str(next_leaf())
     if shape[0] == "{":
         return {key: _build_walk(child, next_leaf) for key, child in zip(shape[1], shape[2])}
     return [_build_walk(child, next_leaf) for child in shape[1]]

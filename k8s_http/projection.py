@@ -16,12 +16,18 @@ Invariants the Store relies on:
     value of an unexpected shape (a list where a map was declared, say) whole,
     so the code reading it sees the real value, not an absence.
 
-Interning: every map key, and every string value except those under
-`distinct` paths (a resourceVersion, an object's own uid: unique and short-lived,
-sharing them would only grow the table), is looked up in a bounded table
-shared by all projections, so namespaces, label keys and values, image
-names, kinds and apiVersions, condition types and reasons, and the name and
-uid a child shares with its owner are stored once for the whole process.
+Interning: every map key, and every string and integer value except those
+under `distinct` paths, is looked up in a bounded table shared by all
+projections, so namespaces, label keys and values, image names, kinds and
+apiVersions, condition types and reasons, ports, and the name and uid a child
+shares with its owner are stored once for the whole process.
+
+`distinct` paths hold strings that are mostly unique (a resourceVersion, a
+hash, a condition message naming its object): adding each to the table would
+only grow it. A packed projection still shares such a string once it has been
+seen twice within a short window (a constant message, "Deployment has minimum
+availability."), and keeps one of decimal digits as an int (packed.DIGITS),
+half the size of the string.
 
 `Projection.guarded(obj)` is for tests: the projected object in which reading a
 key the projection dropped (present in `obj`, not kept) raises DroppedFieldRead,
@@ -33,7 +39,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from .packed import END, LEAF, LIST, MAP, seal
+from .packed import DIGITS, END, LEAF, LIST, MAP, digits_as_int, seal
 
 __all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
 
@@ -47,11 +53,18 @@ class Interner:
     When the table reaches `max_entries` it is emptied: strings already shared stay
     shared (their objects hold them), new ones start a new generation. Lookups are
     dict operations, atomic under the GIL; the lock only guards the reset.
+    Integers are shared the same way (a key never equals a str and an int both).
+
+    `repeated(s, _)` is for strings that are mostly unique: it shares `s` only
+    when it has met it before among its last `window` first sightings, and so
+    adds to the table only strings that do repeat.
     """
 
-    def __init__(self, max_entries: int = 1 << 18):
+    def __init__(self, max_entries: int = 1 << 18, window: int = 1 << 12):
         self.max_entries = max_entries
+        self.window = window
         self._table: dict[str, str] = {}
+        self._first_seen: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def __call__(self, value: str) -> str:
@@ -68,6 +81,22 @@ class Interner:
 
     def __len__(self) -> int:
         return len(self._table)
+
+    def repeated(self, value: str, _default: object = None) -> str:
+        """`value`, or the equal string shared before it; shared from its second sighting.
+        (Same signature as `bound()`'s answer.) Races between threads may at worst
+        leave an equal string unshared."""
+        found = self._table.get(value)
+        if found is not None:
+            return found
+        first = self._first_seen.pop(value, None)
+        if first is not None:
+            return self(first)              # seen again: the first one is shared from now on
+        seen = self._first_seen
+        if len(seen) >= self.window:
+            self._first_seen = seen = {}
+        seen[value] = value
+        return value
 
     def bound(self) -> Callable[[str, str], str]:
         """The current table's `setdefault`, for interning many strings in a row
@@ -149,6 +178,9 @@ class Projection:
     def _bound_intern(self) -> Callable[[str, str], str]:
         return self._interner.bound() if self._interner is not None else _keep_as_is
 
+    def _repeated_intern(self) -> Callable[[str, str], str]:
+        return self._interner.repeated if self._interner is not None else _keep_as_is
+
     def __call__(self, obj: dict) -> dict:
         return self._node(obj, self._tree, self._bound_intern())
 
@@ -188,7 +220,7 @@ class Projection:
                 dropped.append(key)
                 continue
             # Leaves are handled here rather than by a call per field.
-            if sub is None and item.__class__ is str:
+            if sub is None and (item.__class__ is str or item.__class__ is int):
                 kept = intern(item, item)
             elif sub is None and not isinstance(item, (dict, list)):
                 kept = item
@@ -213,7 +245,7 @@ class Projection:
         if tree is None:
             self._pack_whole(value, intern, leaf, token)
         elif tree == _DISTINCT:
-            self._pack_whole(value, _keep_as_is, leaf, token)
+            self._pack_distinct(value, leaf, token)
         elif isinstance(value, list):
             token(LIST)
             for item in value:
@@ -229,7 +261,8 @@ class Projection:
                 if sub is False:
                     continue
                 token(key)
-                if sub is None and item.__class__ is str:
+                kind = item.__class__
+                if sub is None and (kind is str or kind is int):
                     leaf(intern(item, item))
                     token(LEAF)
                 elif sub is None and not isinstance(item, (dict, list)):
@@ -237,8 +270,8 @@ class Projection:
                     token(LEAF)
                 elif sub is None:
                     self._pack_whole(item, intern, leaf, token)
-                elif sub.__class__ is str:           # _DISTINCT: kept as it is
-                    self._pack_whole(item, _keep_as_is, leaf, token)
+                elif sub.__class__ is str:           # _DISTINCT
+                    self._pack_distinct(item, leaf, token)
                 else:
                     self._pack_node(item, sub, intern, leaf, token)
             token(END)
@@ -251,7 +284,7 @@ class Projection:
                 token(key)
                 # Leaves inline: most values kept whole are maps of strings.
                 kind = item.__class__
-                if kind is str:
+                if kind is str or kind is int:
                     leaf(intern(item, item))
                     token(LEAF)
                 elif kind is dict or kind is list or isinstance(item, str):
@@ -266,18 +299,29 @@ class Projection:
                 self._pack_whole(item, intern, leaf, token)
             token(END)
         else:
-            leaf(intern(value, value) if isinstance(value, str) else value)
+            leaf(intern(value, value) if isinstance(value, str) or cls is int else value)
             token(LEAF)
+
+    def _pack_distinct(self, value: object, leaf, token) -> None:
+        """A value under a `distinct` path: digits as an int, strings shared only
+        when they repeat (see the module docstring)."""
+        if value.__class__ is str:
+            number = digits_as_int(value)
+            if number is not None:
+                leaf(number)
+                token(DIGITS)
+                return
+        self._pack_whole(value, self._repeated_intern(), leaf, token)
 
     def _whole(self, value: object, intern) -> object:
         """A copy with every string interned (keys and values)."""
         cls = value.__class__
-        if cls is str:
+        if cls is str or cls is int:
             return intern(value, value)
         if cls is dict:
             whole = self._whole
             return {(intern(k, k) if k.__class__ is str else k):
-                    (intern(v, v) if v.__class__ is str else
+                    (intern(v, v) if v.__class__ is str or v.__class__ is int else
                      whole(v, intern) if v.__class__ in (dict, list) else v)
                     for k, v in value.items()}
         if cls is list:

@@ -63,6 +63,70 @@ DEFAULT_INDEXERS: Mapping[str, Indexer] = {
 }
 
 
+class _ByNamespace:
+    """The objects of a Store: namespace -> name -> stored form.
+
+    Keyed by the two strings an ObjectKey holds rather than by ObjectKeys: the
+    strings are the objects' own (interned by a projection), so a cached object
+    costs no key object at all (48 bytes each, three per My), a lookup hashes
+    two cached str hashes instead of a key's fields, and a namespace's objects
+    are one dict. Invariant: no namespace maps to an empty dict; `_count` is the
+    number of objects. Not thread-safe: the Store's lock guards it.
+    """
+
+    __slots__ = ("_spaces", "_count")
+
+    def __init__(self):
+        self._spaces: dict[str, dict[str, object]] = {}
+        self._count = 0
+
+    def get(self, key: ObjectKey) -> object | None:
+        names = self._spaces.get(key.namespace)
+        return None if names is None else names.get(key.name)
+
+    def put(self, key: ObjectKey, stored: object) -> object | None:
+        """Store `stored` under `key`; returns what it replaced, if anything."""
+        names = self._spaces.get(key.namespace)
+        if names is None:
+            names = self._spaces[key.namespace] = {}
+        old = names.get(key.name)
+        names[key.name] = stored
+        if old is None:
+            self._count += 1
+        return old
+
+    def pop(self, key: ObjectKey) -> object | None:
+        names = self._spaces.get(key.namespace)
+        old = None if names is None else names.pop(key.name, None)
+        if old is not None:
+            self._count -= 1
+            if not names:
+                del self._spaces[key.namespace]
+        return old
+
+    def in_namespace(self, namespace: str) -> list[object]:
+        return list(self._spaces.get(namespace, {}).values())
+
+    def keys_in(self, namespace: str | None) -> list[ObjectKey]:
+        """The keys of one namespace, or of all of them (None)."""
+        spaces = self._spaces.items() if namespace is None else \
+            [(namespace, self._spaces.get(namespace, {}))]
+        return [ObjectKey(ns, name) for ns, names in spaces for name in names]
+
+    def values(self) -> list[object]:
+        return [stored for names in self._spaces.values() for stored in names.values()]
+
+    def items(self) -> list[tuple[ObjectKey, object]]:
+        return [(ObjectKey(ns, name), stored)
+                for ns, names in self._spaces.items() for name, stored in names.items()]
+
+    def __contains__(self, key: ObjectKey) -> bool:
+        return self.get(key) is not None
+
+    def __len__(self) -> int:
+        return self._count
+
+
 class Store:
     """Thread-safe object cache keyed by ObjectKey, with indexes kept on every write.
 
@@ -95,7 +159,7 @@ class Store:
         # Invariants (under _lock): key in _indices[name][value] iff key in _objects
         # and value in _indexers[name](the object stored under key). Empty value
         # sets are removed.
-        self._objects: dict[ObjectKey, object] = {}     # key -> stored form (prepare)
+        self._objects = _ByNamespace()                 # key -> stored form (prepare)
         self._indices: dict[str, dict[str, set[ObjectKey]]] = {n: {} for n in self._indexers}
         # Our own writes the watch has not brought yet: key -> (stale, written).
         # Invariant: key in _written => since `written` was recorded, the store
@@ -167,20 +231,20 @@ class Store:
 
     def list(self) -> list[dict]:
         with self._lock:
-            stored = list(self._objects.values())
+            stored = self._objects.values()
         return [self._restore(s) for s in stored]
 
     def keys(self) -> list[ObjectKey]:
         with self._lock:
-            return list(self._objects)
+            return self._objects.keys_in(None)
 
     def by_index(self, index: str, value: str) -> list[dict]:
         """Objects filed under `value` in `index`; KeyError for an unknown index."""
         with self._lock:
             if index in self._scanned:
-                stored = [s for k, s in self._objects.items() if k.namespace == value]
+                stored = self._objects.in_namespace(value)
             else:
-                stored = [self._objects[k] for k in self._indices[index].get(value, ())]
+                stored = [self._objects.get(k) for k in self._indices[index].get(value, ())]
         return [self._restore(s) for s in stored]
 
     def __len__(self) -> int:
@@ -256,10 +320,9 @@ class Store:
         new = self._restore(stored)
         values = self._index_values(new)   # may raise: nothing has changed yet
         with self._lock:
-            old = self._objects.get(key)
+            old = self._objects.put(key, stored)
             if old is not None:
                 self._unfile_locked(key, old)
-            self._objects[key] = stored
             self._file_locked(key, values)
             self._observe_locked(key, rv)
         return (None if old is None else self._restore(old)), new
@@ -268,7 +331,7 @@ class Store:
         """Remove by key (or by the key of an object); returns the removed object, if any."""
         key = obj_or_key if isinstance(obj_or_key, ObjectKey) else key_of(obj_or_key)
         with self._lock:
-            old = self._objects.pop(key, None)
+            old = self._objects.pop(key)
             if old is not None:
                 self._unfile_locked(key, old)
             self._observe_locked(key, None)
@@ -304,16 +367,23 @@ class Store:
                  for key, stored in incoming.items()} if self._indexers else {}
         with self._lock:
             # Replaced: everything in scope, plus any key the new list holds.
-            stale = [k for k in self._objects
-                     if namespace is None or k.namespace == namespace or k in incoming]
-            vanished = [self._objects[k] for k in stale if k not in incoming]
+            objects = self._objects
             if namespace is None:
-                self._objects = {}
+                vanished = [s for k, s in objects.items() if k not in incoming]
+                self._objects = objects = _ByNamespace()
                 self._indices = {name: {} for name in self._indexers}
             else:
+                vanished = []
+                stale = objects.keys_in(namespace) + [k for k in incoming if k in objects]
                 for key in stale:
-                    self._unfile_locked(key, self._objects.pop(key))
-            self._objects.update(incoming)
+                    old = objects.pop(key)
+                    if old is None:
+                        continue                # listed twice in stale
+                    self._unfile_locked(key, old)
+                    if key not in incoming:
+                        vanished.append(old)
+            for key, stored in incoming.items():
+                objects.put(key, stored)
             for key, values in filed.items():
                 self._file_locked(key, values)
             self._seq += 1

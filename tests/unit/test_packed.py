@@ -70,3 +70,12 @@ def test_the_layout_table_is_bounded_and_old_objects_keep_theirs():
                for n in range(1, 6)]
     assert len(table) <= 2
     assert [layout.leaves for layout in layouts] == [1, 2, 3, 4, 5]
+
+
+def test_a_digits_leaf_is_built_as_its_string_by_both_builders():
+    signature = [packed.MAP, "rv", packed.DIGITS, "n", packed.LEAF, packed.END]
+    compiled = packed.seal(list(signature), [42, 7])
+    assert unpack(compiled) == {"rv": "42", "n": 7}
+    assert leaf(compiled, ("rv",)) == "42" and leaf(compiled, ("n",)) == 7
+    shape = compiled[0].shape
+    assert packed._build_walk(shape, iter([42, 7]).__next__) == {"rv": "42", "n": 7}

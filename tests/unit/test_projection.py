@@ -190,3 +190,53 @@ def test_the_stores_identity_fields_are_kept_even_when_not_declared():
     assert kept == {"metadata": {"name": "web", "namespace": "team-a", "resourceVersion": "42"},
                     "spec": {"replicas": 3}}
     assert projection.paths == (("spec", "replicas"),)     # the declaration as written
+
+
+@pytest.mark.parametrize("rv", ["12", "0", "987654321012345678", "007", "1" * 19, "12a", "",
+                                "\u0661\u0662", "-3"])
+def test_a_distinct_string_of_digits_is_packed_as_an_int_and_read_back_as_the_string(rv):
+    from k8s_http.packed import leaf, unpack
+    packed = PROJECTION.pack(deployment(rv=rv))
+    got = unpack(packed)["metadata"]["resourceVersion"]
+    assert got == rv and got.__class__ is str
+    assert leaf(packed, ("metadata", "resourceVersion")) == rv
+    as_int = rv in ("12", "0", "987654321012345678")    # str(int(rv)) == rv, at most 18 digits
+    assert any(v.__class__ is int and str(v) == rv for v in packed[1:]) == as_int
+    store = Store(transform=PROJECTION)
+    store.upsert(deployment(rv=rv))
+    (key,) = store.keys()
+    assert store.resource_version(key) == rv and store.get(key) == unpack(packed)
+
+
+def test_a_distinct_string_is_shared_from_its_second_sighting_only():
+    interner = Interner(window=4)
+    projection = Projection(["metadata.name", "status.conditions[].message"],
+                            distinct=["status.conditions[].message"], interner=interner)
+
+    def message(packed):
+        return next(v for v in packed[1:] if isinstance(v, str) and v.startswith("msg"))
+
+    def with_message(text):
+        return {"metadata": {"name": "a"}, "status": {"conditions": [{"message": text}]}}
+
+    first = message(projection.pack(with_message("".join(["msg", " constant"]))))
+    assert "msg constant" not in interner._table                 # once: not shared
+    second = message(projection.pack(with_message("".join(["msg", " constant"]))))
+    assert second is first and interner._table.get("msg constant") is first
+    third = message(projection.pack(with_message("".join(["msg", " constant"]))))
+    assert third is first
+    for i in range(20):                                         # unique ones never enter the table
+        projection.pack(with_message(f"msg {i}"))
+    assert not any(k.startswith("msg ") and k != "msg constant" for k in interner._table)
+    assert len(interner._first_seen) <= 4                       # the window is bounded
+
+
+def test_integers_are_stored_once_too():
+    from k8s_http.packed import unpack
+    interner = Interner()
+    projection = Projection(["metadata.name", "spec.replicas"], interner=interner)
+    a = projection.pack({"metadata": {"name": "a"}, "spec": {"replicas": int("70000")}})
+    b = projection.pack({"metadata": {"name": "b"}, "spec": {"replicas": int("70000")}})
+    assert a[-1] is b[-1] and unpack(a)["spec"]["replicas"] == 70000
+    flag = projection.pack({"metadata": {"name": "c"}, "spec": {"replicas": True}})
+    assert unpack(flag)["spec"]["replicas"] is True             # a bool stays a bool

@@ -233,7 +233,11 @@ def test_indexes_match_a_model(ops):
                     for o in vanished} == expect_gone
             model = {k: v for k, v in model.items() if k not in expect_gone}
             model.update(new)
-        assert set(s.keys()) == set(model)
+        assert set(s.keys()) == set(model) and len(s) == len(model)
+        for ns_, name_ in [(n, m) for n in ("n1", "n2") for m in ("a", "b", "c")]:
+            key = ObjectKey(ns_, name_)
+            assert (key in s) == (key in model)
+            assert s.get(key) == model.get(key)
         for ns_ in ("n1", "n2"):
             assert {(o["metadata"]["name"]) for o in s.by_index("namespace", ns_)} == \
                 {k.name for k in model if k.namespace == ns_}
