@@ -241,40 +241,45 @@ class Projection:
     # (`leaf`, `token`: the two lists' append). Map keys are not interned here:
     # a packed object keeps no keys, its layout does.
 
-    def _pack_node(self, value: object, tree: dict | None | str, intern, leaf, token) -> None:
-        if tree is None:
-            self._pack_whole(value, intern, leaf, token)
-        elif tree == _DISTINCT:
-            self._pack_distinct(value, leaf, token)
-        elif isinstance(value, list):
+    def _pack_node(self, value: object, tree: dict, intern, leaf, token) -> None:
+        """`value` under a declared subtree (a dict: callers handle kept-whole and
+        distinct ones). The hot loop of every event: class tests rather than
+        isinstance, and each kept leaf handled inline."""
+        cls = value.__class__
+        if cls is not dict and cls is not list:
+            if isinstance(value, dict):
+                cls = dict
+            elif isinstance(value, list):
+                cls = list
+            else:                                    # unexpected shape: kept whole
+                self._pack_whole(value, intern, leaf, token)
+                return
+        if cls is list:
             token(LIST)
             for item in value:
                 self._pack_node(item, tree, intern, leaf, token)
             token(END)
-        elif not isinstance(value, dict):
-            self._pack_whole(value, intern, leaf, token)
-        else:
-            token(MAP)
-            every = tree.get("*", False)
-            for key, item in value.items():
-                sub = tree.get(key, every)
-                if sub is False:
-                    continue
-                token(key)
+            return
+        token(MAP)
+        get = tree.get
+        every = get("*", False)
+        for key, item in value.items():
+            sub = get(key, every)
+            if sub is False:
+                continue
+            token(key)
+            if sub is None:
                 kind = item.__class__
-                if sub is None and (kind is str or kind is int):
+                if kind is str or kind is int:
                     leaf(intern(item, item))
                     token(LEAF)
-                elif sub is None and not isinstance(item, (dict, list)):
-                    leaf(item)
-                    token(LEAF)
-                elif sub is None:
-                    self._pack_whole(item, intern, leaf, token)
-                elif sub.__class__ is str:           # _DISTINCT
-                    self._pack_distinct(item, leaf, token)
                 else:
-                    self._pack_node(item, sub, intern, leaf, token)
-            token(END)
+                    self._pack_whole(item, intern, leaf, token)
+            elif sub.__class__ is dict:
+                self._pack_node(item, sub, intern, leaf, token)
+            else:                                    # _DISTINCT
+                self._pack_distinct(item, leaf, token)
+        token(END)
 
     def _pack_whole(self, value: object, intern, leaf, token) -> None:
         cls = value.__class__
