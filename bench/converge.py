@@ -340,7 +340,7 @@ def write_markdown(path: Path, data: dict) -> None:
               "latency": "Latency: one create at a time on an idle operator, create -> "
                          "Deployment observed",
               "churn": "Churn: one spec update per object, until every Deployment carries it",
-              "startup": "Start-up with the objects present (ours: /readyz 200; kopf: first "
+              "startup": "Start-up with the objects present (ours: \"caches synced\", /readyz 200; kopf: first "
                          "handler run)"}
     scenario_names = []
     for figures in agg.values():

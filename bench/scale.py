@@ -16,8 +16,9 @@ controller.py itself, both statuses written) size by size, and at each size:
             nothing (bench/scaling/bare.py; paged list until issue 17a's
             streaming helper is switched in there)
   operators each in turn (the order reversed at every other size), a fresh process
-            over the fleet's namespace: ready (ours /readyz; the controller-runtime
-            peer's "Starting workers", logged once its caches synced; kopf's
+            over the fleet's namespace: ready (ours "caches synced", then /readyz
+            200 checked; the controller-runtime peer's "Starting workers", each
+            logged once its caches synced; kopf's
             liveness), every key reconciled once (controller_runtime_reconcile_total
             >= N from /metrics; kopf: its "... is processed" log lines), CPU, then
             --settle-seconds untouched and --idle-seconds measured: idle CPU and the
@@ -99,7 +100,7 @@ def log(message: str) -> None:
 def wait_ready(op: OperatorProcess, timeout: float) -> tuple[float, str]:
     """Seconds from spawn to the operator's own "caches are filled" signal, and its name."""
     if isinstance(op, OurOperator):
-        return op.wait_ready_for_startup(timeout), "/readyz 200"
+        return op.wait_ready_for_startup(timeout), '"caches synced" log line, /readyz 200'
     if isinstance(op, KopfOperator):
         return op.wait_started(timeout), "liveness 200"
     # controller-runtime: its /readyz is healthz.Ping (200 before any cache syncs);

@@ -95,6 +95,7 @@ class Informer:
         self._label = str(resource)
         self._metrics.init_resource(self._label)
         self._handlers: list[tuple[Mapper, object]] = []
+        self._sync_listeners: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._started = False
         self._lock = threading.Lock()      # guards _threads (start / restart / stop)
@@ -116,7 +117,8 @@ class Informer:
                 on_event=self._on_event, metrics=self._metrics, clock=clock, rng=rng,
                 stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
                 backoff=backoff_factory() if backoff_factory else None,
-                list_transform=self.store.prepare, streaming_list=streaming_list)
+                list_transform=self.store.prepare, streaming_list=streaming_list,
+                on_synced=self._notify_synced)
         self._threads: dict[str | None, threading.Thread] = {}
         # Read at scrape time. One informer per resource in practice (the
         # manager keys them by resource and label selector).
@@ -138,6 +140,16 @@ class Informer:
         present at that time.
         """
         self._handlers.append((mapper, queue))
+
+    def add_sync_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` (on a watcher's thread) each time a (re)list leaves the
+        informer synced: every watcher's list done and delivered to the handlers."""
+        self._sync_listeners.append(listener)
+
+    def _notify_synced(self) -> None:
+        if self.has_synced():
+            for listener in self._sync_listeners:
+                listener()
 
     def resync(self, queue, mapper: Mapper = own_key) -> int:
         """Add the keys of every cached object to `queue`; returns how many keys were added."""

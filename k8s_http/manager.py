@@ -176,6 +176,8 @@ class Manager:
         self._stopped = threading.Event()       # set: stop() has finished
         self._stop_lock = threading.Lock()
         self._started = False
+        self._started_at = 0.0
+        self._synced_logged = False      # "caches synced" is logged once (guarded by _stop_lock)
         self._exit_code = 0
         self._signals_received = 0
 
@@ -196,6 +198,7 @@ class Manager:
                                 clock=self._clock,
                                 transform=transform or strip_managed_fields)
             self._informers[key] = informer
+            informer.add_sync_listener(self._on_cache_synced)
             check_name = f"informer-{resource}"
             if label_selector:
                 check_name += f"[{label_selector}]"
@@ -326,6 +329,17 @@ class Manager:
     def _caches_synced(self) -> bool:
         return all(i.has_synced() for i in self._informers.values())
 
+    def _on_cache_synced(self) -> None:
+        """Logged once, when the last cache has synced: from then on /readyz is 200
+        and the workers start (controller-runtime logs "Starting workers" there)."""
+        with self._stop_lock:
+            if self._synced_logged or not self._caches_synced():
+                return
+            self._synced_logged = True
+        log.info("caches synced; starting workers", extra={
+            "seconds_since_start": round(self._clock() - self._started_at, 3),
+            "objects": {str(i.resource): len(i.store) for i in self._informers.values()}})
+
     def _is_stopping(self) -> bool:
         return self._draining.is_set() or self._stop.is_set()
 
@@ -368,6 +382,7 @@ class Manager:
         if self._started:
             return
         self._started = True
+        self._started_at = self._clock()
         # Before any thread of ours allocates: threads share MALLOC_ARENAS arenas
         # (allocator.py; an operator's MALLOC_ARENA_MAX in the environment wins).
         if "MALLOC_ARENA_MAX" not in os.environ:

@@ -508,6 +508,7 @@ class Watcher:
 
     `streaming_list`: list by streaming (see the module docstring) until the
     apiserver shows it does not offer it; False: paged lists only.
+    `on_synced()` is called after each (re)list once `has_synced` is True.
     """
 
     def __init__(self, client: ApiClient, resource: Resource, *, namespace: str | None = None,
@@ -518,8 +519,10 @@ class Watcher:
                  stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
                  backoff: Backoff | None = None,
                  list_transform: Callable[[dict], dict] | None = None,
-                 streaming_list: bool = True):
+                 streaming_list: bool = True,
+                 on_synced: Callable[[], None] | None = None):
         self._client = client
+        self._on_synced = on_synced
         # Applied to listed items page by page (the store's transform), so the
         # peak memory of a relist is one unstripped page, not the whole list.
         self._list_transform = list_transform
@@ -786,6 +789,12 @@ class Watcher:
             log.exception("%s: sync handler failed on a list of %d; going on", self, len(items))
         self.has_synced = True
         log.debug("%s: listed %d objects", self, len(items))
+        if self._on_synced is not None:
+            try:
+                self._on_synced()
+            except Exception:
+                self.handler_errors += 1
+                log.exception("%s: synced handler failed; going on", self)
 
     def _fell_back(self, reason: str, error: BaseException | None) -> None:
         self.last_retry = self._clock()

@@ -440,3 +440,31 @@ def test_a_burst_of_10000_events_on_one_object_is_reconciled_a_handful_of_times(
             queue.shutdown(drain=False)
             informer.stop()
             client.transport.close()
+
+
+def test_sync_listeners_hear_once_every_watcher_has_listed_and_delivered():
+    with FakeApiServer() as server:
+        server.create_object(DEPLOYMENTS.path("ns1"), deployment("a", "ns1"))
+        server.create_object(DEPLOYMENTS.path("ns2"), deployment("b", "ns2"))
+        client = ApiClient.from_config(ClusterConfig(server=server.url))
+        informer = Informer(client, DEPLOYMENTS, namespaces=["ns1", "ns2"],
+                            metrics=Metrics(CollectorRegistry()), backoff_factory=fast_backoff,
+                            streaming_list=False)
+        rec = Recorder()
+        informer.add_handler(own_key, rec)
+        heard = []
+        informer.add_sync_listener(
+            lambda: heard.append((informer.has_synced(), sorted(str(k) for k in rec.keys))))
+        informer.start()
+        try:
+            synced(informer)
+            eventually(lambda: heard)
+            # Once, after both namespaces' lists, with their keys already handed out.
+            assert heard == [(True, ["ns1/a", "ns2/b"])]
+            eventually(lambda: server.active_watches == 2)
+            server.inject_watch_event({"type": "ERROR", "object": status_body(410, "Expired")})
+            eventually(lambda: len(heard) >= 2, message="a relist was not heard")
+            assert all(synced_ for synced_, _ in heard)
+        finally:
+            informer.stop()
+            client.transport.close()

@@ -254,3 +254,23 @@ def test_store_for_takes_a_transform_and_refuses_another_for_the_same_cache(serv
         mgr.store_for(CONFIGMAPS, transform=Projection(["metadata"]))
     mgr.add_controller(CONFIGMAPS, lambda key: None, transforms={CONFIGMAPS: keep})
     assert mgr.store(CONFIGMAPS) is store
+
+
+def test_caches_synced_is_logged_once_when_the_last_cache_has_synced(server, caplog):
+    import logging
+    caplog.set_level(logging.INFO, logger="k8s_http")
+    server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "a"}, "data": {}})
+    mgr = _manager(server)
+    mgr.add_controller(CONFIGMAPS, lambda key: None, owns=[SERVICES], workers=1)
+    mgr.start()
+    try:
+        port = mgr.server_ports[0]
+        eventually(lambda: any("caches synced" in r.getMessage() for r in caplog.records),
+                   message="no 'caches synced' line")
+        (line,) = [r for r in caplog.records if "caches synced" in r.getMessage()]
+        assert line.objects == {str(CONFIGMAPS): 1, str(SERVICES): 0}
+        assert line.seconds_since_start >= 0
+        # Logged when /readyz turns 200, not before.
+        assert _get(port, "/readyz")[0] == 200
+    finally:
+        assert mgr.stop() == 0
