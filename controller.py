@@ -209,7 +209,10 @@ DEPLOYMENT_PROJECTION = Projection(_CHILD_META + (
     "status.observedGeneration", "status.replicas", "status.readyReplicas",
     "status.updatedReplicas", "status.conditions[].type", "status.conditions[].status",
     "status.conditions[].reason", "status.conditions[].message",
-), distinct=_CHILD_DISTINCT + ("status.conditions[].message",))
+), distinct=_CHILD_DISTINCT,
+   # Often unique ('ReplicaSet "web-5d8f" has successfully progressed.'),
+   # sometimes common to all ("Deployment has minimum availability.").
+   repeated=("status.conditions[].message",))
 SERVICE_PROJECTION = Projection(_CHILD_META + (
     "spec.type", "spec.selector",                       # needs_apply
     "spec.ports[].port", "spec.ports[].targetPort", "spec.ports[].protocol",  # + foreign ports

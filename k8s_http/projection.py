@@ -17,17 +17,19 @@ Invariants the Store relies on:
     so the code reading it sees the real value, not an absence.
 
 Interning: every map key, and every string and integer value except those
-under `distinct` paths, is looked up in a bounded table shared by all
-projections, so namespaces, label keys and values, image names, kinds and
-apiVersions, condition types and reasons, ports, and the name and uid a child
-shares with its owner are stored once for the whole process.
+under `distinct` and `repeated` paths, is looked up in a bounded table shared
+by all projections, so namespaces, label keys and values, image names, kinds
+and apiVersions, condition types and reasons, ports, and the name and uid a
+child shares with its owner are stored once for the whole process.
 
-`distinct` paths hold strings that are mostly unique (a resourceVersion, a
-hash, a condition message naming its object): adding each to the table would
-only grow it. A packed projection still shares such a string once it has been
-seen twice within a short window (a constant message, "Deployment has minimum
-availability."), and keeps one of decimal digits as an int (packed.DIGITS),
-half the size of the string.
+`distinct` paths hold strings unique to one object (a resourceVersion, a
+hash): adding them to the table would only grow it, so they are never shared,
+and a packed projection keeps one of decimal digits as an int (packed.DIGITS),
+half the size of the string. `repeated` paths hold strings that are often
+unique and sometimes common to many objects (condition messages: 'ReplicaSet
+"web-5d8f" has successfully progressed.', "Deployment has minimum
+availability."): a packed projection shares one from its second sighting
+within a short window (Interner.repeated).
 
 `Projection.guarded(obj)` is for tests: the projected object in which reading a
 key the projection dropped (present in `obj`, not kept) raises DroppedFieldRead,
@@ -118,8 +120,9 @@ class DroppedFieldRead(AssertionError):
 
 # A compiled declaration: key -> subtree, where None keeps the whole value.
 # "*" applies to every key not named. `_DISTINCT` marks a leaf whose strings are
-# not interned.
+# not interned, `_REPEATED` one whose strings are shared from their second sighting.
 _DISTINCT = "\0distinct"
+_REPEATED = "\0repeated"
 
 
 _RESOURCE_VERSION = ("metadata", "resourceVersion")
@@ -133,21 +136,22 @@ def _segments(path: Path) -> tuple[str, ...]:
     return tuple(p[:-2] if p.endswith("[]") else p for p in parts)
 
 
-def _compile(keep: Iterable[Path], distinct: Iterable[Path]) -> dict:
+def _compile(keep: Iterable[Path], distinct: Iterable[Path],
+             repeated: Iterable[Path] = ()) -> dict:
     tree: dict = {}
 
     def add(parts: tuple[str, ...], leaf: object) -> None:
         node = tree
         for part in parts[:-1]:
             child = node.get(part, {})
-            if child is None or child == _DISTINCT:
+            if child is None or child.__class__ is str:
                 return              # an ancestor is kept whole already
             node = node.setdefault(part, child)
         last = parts[-1]
-        if leaf == _DISTINCT:
+        if leaf is not None:
             if last not in node:
-                raise ValueError(f"distinct path {'.'.join(parts)!r} is not kept")
-            node[last] = _DISTINCT
+                raise ValueError(f"{leaf[1:]} path {'.'.join(parts)!r} is not kept")
+            node[last] = leaf
         else:
             node[last] = None       # whole value: replaces any narrower declaration
 
@@ -155,6 +159,8 @@ def _compile(keep: Iterable[Path], distinct: Iterable[Path]) -> dict:
         add(_segments(path), None)
     for path in distinct:
         add(_segments(path), _DISTINCT)
+    for path in repeated:
+        add(_segments(path), _REPEATED)
     return tree
 
 
@@ -162,17 +168,19 @@ class Projection:
     """A Store transform keeping only `keep` paths (see the module docstring)."""
 
     def __init__(self, keep: Iterable[Path], *, distinct: Iterable[Path] = (),
-                 interner: Interner | None = INTERNER):
-        keep, distinct = list(keep), list(distinct)
+                 repeated: Iterable[Path] = (), interner: Interner | None = INTERNER):
+        keep, distinct, repeated = list(keep), list(distinct), list(repeated)
         # The declaration as segments, for tests that drop one path on purpose.
         self.paths = tuple(_segments(p) for p in keep)
         self.distinct = tuple(_segments(p) for p in distinct)
+        self.repeated = tuple(_segments(p) for p in repeated)
         # The Store itself reads an object's name, namespace and resourceVersion
         # (its key; read-your-writes): kept whatever the declaration says, and a
         # resourceVersion not declared is not interned (it is unique).
         implicit = [p for p in _IDENTITY if p not in self.paths]
         self._tree = _compile(keep + list(implicit),
-                              distinct + [p for p in implicit if p == _RESOURCE_VERSION])
+                              distinct + [p for p in implicit if p == _RESOURCE_VERSION],
+                              repeated)
         self._interner = interner
 
     def _bound_intern(self) -> Callable[[str, str], str]:
@@ -204,7 +212,7 @@ class Projection:
               where: str = "") -> object:
         if tree is None:
             return self._whole(value, intern)
-        if tree == _DISTINCT:
+        if tree.__class__ is str:                    # distinct or repeated: as it is
             return value
         if isinstance(value, list):
             inner = f"{where}[]" if guard else ""
@@ -226,7 +234,7 @@ class Projection:
                 kept = item
             elif sub is None:
                 kept = self._whole(item, intern)
-            elif sub.__class__ is str:               # _DISTINCT: kept as it is
+            elif sub.__class__ is str:               # distinct or repeated: as it is
                 kept = item
             else:
                 # The path text only matters to a guarded projection's error messages.
@@ -243,7 +251,7 @@ class Projection:
 
     def _pack_node(self, value: object, tree: dict, intern, leaf, token) -> None:
         """`value` under a declared subtree (a dict: callers handle kept-whole and
-        distinct ones). The hot loop of every event: class tests rather than
+        distinct and repeated ones). The hot loop of every event: class tests rather than
         isinstance, and each kept leaf handled inline."""
         cls = value.__class__
         if cls is not dict and cls is not list:
@@ -277,8 +285,10 @@ class Projection:
                     self._pack_whole(item, intern, leaf, token)
             elif sub.__class__ is dict:
                 self._pack_node(item, sub, intern, leaf, token)
-            else:                                    # _DISTINCT
+            elif sub is _DISTINCT:
                 self._pack_distinct(item, leaf, token)
+            else:                                    # _REPEATED
+                self._pack_whole(item, self._repeated_intern(), leaf, token)
         token(END)
 
     def _pack_whole(self, value: object, intern, leaf, token) -> None:
@@ -308,15 +318,14 @@ class Projection:
             token(LEAF)
 
     def _pack_distinct(self, value: object, leaf, token) -> None:
-        """A value under a `distinct` path: digits as an int, strings shared only
-        when they repeat (see the module docstring)."""
+        """A value under a `distinct` path: never shared; digits as an int."""
         if value.__class__ is str:
             number = digits_as_int(value)
             if number is not None:
                 leaf(number)
                 token(DIGITS)
                 return
-        self._pack_whole(value, self._repeated_intern(), leaf, token)
+        self._pack_whole(value, _keep_as_is, leaf, token)
 
     def _whole(self, value: object, intern) -> object:
         """A copy with every string interned (keys and values)."""

@@ -636,7 +636,8 @@ def _without(projection, path):
     segments = tuple(path.split(".")) if isinstance(path, str) else path
     assert segments in projection.paths, path
     return Projection([p for p in projection.paths if p != segments],
-                      distinct=[d for d in projection.distinct if d != segments])
+                      distinct=[d for d in projection.distinct if d != segments],
+                      repeated=[r for r in projection.repeated if r != segments])
 
 
 @pytest.mark.parametrize("resource, path", [

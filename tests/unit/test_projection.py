@@ -43,7 +43,8 @@ PROJECTION = Projection([
     "spec.replicas", "spec.template.spec.containers[].name",
     "spec.template.spec.containers[].image", "spec.template.spec.containers[].env[].name",
     "status.conditions[].type", "status.conditions[].reason", "status.conditions[].message",
-], distinct=["metadata.resourceVersion", "status.conditions[].message"], interner=Interner())
+], distinct=["metadata.resourceVersion"], repeated=["status.conditions[].message"],
+    interner=Interner())
 
 
 def test_keeps_the_declared_paths_and_nothing_else():
@@ -208,10 +209,10 @@ def test_a_distinct_string_of_digits_is_packed_as_an_int_and_read_back_as_the_st
     assert store.resource_version(key) == rv and store.get(key) == unpack(packed)
 
 
-def test_a_distinct_string_is_shared_from_its_second_sighting_only():
+def test_a_repeated_string_is_shared_from_its_second_sighting_only():
     interner = Interner(window=4)
     projection = Projection(["metadata.name", "status.conditions[].message"],
-                            distinct=["status.conditions[].message"], interner=interner)
+                            repeated=["status.conditions[].message"], interner=interner)
 
     def message(packed):
         return next(v for v in packed[1:] if isinstance(v, str) and v.startswith("msg"))
@@ -240,3 +241,14 @@ def test_integers_are_stored_once_too():
     assert a[-1] is b[-1] and unpack(a)["spec"]["replicas"] == 70000
     flag = projection.pack({"metadata": {"name": "c"}, "spec": {"replicas": True}})
     assert unpack(flag)["spec"]["replicas"] is True             # a bool stays a bool
+
+
+def test_a_distinct_string_is_never_shared_even_when_seen_again():
+    interner = Interner()
+    projection = Projection(["metadata.name", "metadata.hash"], distinct=["metadata.hash"],
+                            interner=interner)
+    seen = [projection.pack({"metadata": {"name": "a", "hash": "".join(["9f", "c3"])}})[-1]
+            for _ in range(3)]
+    assert seen[0] == seen[1] == seen[2] == "9fc3"
+    assert seen[0] is not seen[1] and seen[1] is not seen[2]
+    assert "9fc3" not in interner._table
