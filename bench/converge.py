@@ -60,7 +60,7 @@ from convergence import footprint, report, scenarios  # noqa: E402
 from convergence.cluster import KCM_API_BURST, KCM_API_QPS, BenchCluster  # noqa: E402
 from convergence.observer import Observer  # noqa: E402
 from convergence.operators import (  # noqa: E402
-    ControllerRuntimeOperator, KopfOperator, OperatorProcess, OurOperator,
+    ControllerRuntimeOperator, KopfOperator, OperatorProcess, OurOperator, precompile,
 )
 
 ALL_OPERATORS = ("ours-w1", "ours-w4", "ours-w16", "cr-w4", "kopf")
@@ -598,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
         cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
         bench = Bench(args, cluster, work_dir)
+        precompile(bench.python)
         data["meta"] = metadata(args, cluster, argv)
         raw: dict[str, dict[str, list]] = {op: {} for op in args.operators}
         labels = {}

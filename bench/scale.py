@@ -54,7 +54,8 @@ for _path in (HERE, ROOT):
 import converge  # noqa: E402  (its operator factory, peer build and git helpers)
 from convergence import footprint  # noqa: E402
 from convergence.cluster import BenchCluster  # noqa: E402
-from convergence.operators import OperatorProcess, OurOperator, KopfOperator  # noqa: E402
+from convergence.operators import (OperatorProcess, OurOperator, KopfOperator,  # noqa: E402
+                                   precompile, python_env)
 from scaling import analysis, report  # noqa: E402
 from scaling import bare as bare_client  # noqa: E402
 from scaling.fleet import Fleet  # noqa: E402
@@ -169,7 +170,8 @@ def run_bare(cluster: BenchCluster, size: int, mode: str) -> dict:
     t0 = time.monotonic()
     proc = subprocess.run([bench_python(), str(HERE / "scaling" / "bare.py"),
                            "--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE,
-                           "--mode", mode], capture_output=True, text=True, check=False)
+                           "--mode", mode], capture_output=True, text=True, check=False,
+                          env=python_env())
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-500:], "mode": mode}
@@ -289,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t_start = time.monotonic()
     plane_settings()
+    precompile(bench_python())
     if "kopf" in args.operators:
         footprint.ensure_kopf_venv()
     work_dir = Path(tempfile.mkdtemp(prefix="my-controller-scale-"))

@@ -30,6 +30,29 @@ from .cluster import ROOT, proc_cpu_seconds
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
 
+# Where the Python processes the benches start keep the bytecode of this
+# repository's code (outside it). The image ships precompiled bytecode; a
+# shell with PYTHONDONTWRITEBYTECODE=1 (this machine's has it) would instead
+# make every operator start compile its 36 modules again, 0.3-0.9 s of a
+# start-up figure that no deployment pays.
+PYCACHE = Path(os.environ.get("MY_CONTROLLER_CACHE", Path.home() / ".cache" / "my-controller")) \
+    / "bench-pycache"
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """The environment of a Python process a bench starts: bytecode written and
+    reused under PYCACHE, as a deployed image has it precompiled."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPYCACHEPREFIX=str(PYCACHE), **extra)
+    return env
+
+
+def precompile(python: str) -> None:
+    """Compile this repository's code into PYCACHE once, before anything is timed."""
+    subprocess.run([python, "-m", "compileall", "-q", "-x", r"/\.venv", str(ROOT / "k8s_http"),
+                    str(ROOT / "controller.py"), str(ROOT / "bench")],
+                   env=python_env(), check=False, stdout=subprocess.DEVNULL)
+
 
 def _status_kib(pid: int, key: str) -> int:
     with open(f"/proc/{pid}/status") as f:
@@ -117,7 +140,7 @@ class OperatorProcess:
 
     def start(self, tag: str) -> None:
         self.log_path = self.log_dir / f"{self.key}-{tag}.log"
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
+        env = python_env(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
         parent = os.getpid()
 
         def tie_to_parent() -> None:         # between fork and exec
