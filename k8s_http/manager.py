@@ -177,7 +177,8 @@ class Manager:
         self._stop_lock = threading.Lock()
         self._started = False
         self._started_at = 0.0
-        self._synced_logged = False      # "caches synced" is logged once (guarded by _stop_lock)
+        self._synced_lock = threading.Lock()
+        self._synced_logged = False      # "caches synced" is logged once (guarded by _synced_lock)
         self._exit_code = 0
         self._signals_received = 0
 
@@ -332,7 +333,7 @@ class Manager:
     def _on_cache_synced(self) -> None:
         """Logged once, when the last cache has synced: from then on /readyz is 200
         and the workers start (controller-runtime logs "Starting workers" there)."""
-        with self._stop_lock:
+        with self._synced_lock:
             if self._synced_logged or not self._caches_synced():
                 return
             self._synced_logged = True
