@@ -71,7 +71,9 @@ class Result:
     requeue: bool = False                        # reconcile again soon, with backoff
     # With requeue_after: > 0 puts the key ahead of the keys waiting without
     # priority, when it is due or when an event brings it earlier (a reconcile
-    # that waits for something specific comes back as soon as it happens).
+    # that waits for something specific comes back as soon as it happens). That
+    # early pass is then the only one: the delayed add is dropped when the key is
+    # handed out, so a reconcile still waiting must say so again.
     priority: int = 0
 
 

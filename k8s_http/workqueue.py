@@ -10,7 +10,8 @@ lock and one condition variable, and no timer thread is needed:
   that `get()` serves first.
 - `_DelayingQueue`: `add_after()`. Delayed keys wait in a heap; `get()` moves
   the due ones into the queue, checking against the injected clock, and sleeps
-  on the condition at most until the next one is due.
+  on the condition at most until the next one is due. A delayed add with a
+  priority is dropped once the key is handed out before it is due.
 - `WorkQueue`: `add_rate_limited()` / `forget()` / `num_requeues()`: retries
   with per-key exponential backoff under an overall budget.
 
@@ -148,6 +149,7 @@ class _Queue:
 
             key = self._first.popleft() if self._first else self._queue.popleft()
             self._priority.pop(key, None)
+            self._handed_out_locked(key)
             self._m_depth.set(self._depth_locked())
             self._dirty.discard(key)
             self._processing.add(key)
@@ -261,6 +263,9 @@ class _Queue:
         return len(self._first) + len(self._queue)
 
     # Hooks for the delaying layer: this layer has no delayed keys.
+    def _handed_out_locked(self, key: Hashable) -> None:
+        pass
+
     def _promote_due_locked(self, now: float) -> None:
         pass
 
@@ -292,12 +297,20 @@ class _DelayingQueue(_Queue):
         #   A waiting key may also be queued or processing: add() does not
         #     cancel a pending add_after() (client-go semantics). When it comes
         #     due it is an ordinary add(), deduplicated by _dirty.
+        #   _promised: the waiting keys whose every pending add_after() came with
+        #     a priority. Such a wait is a promise to look at the key again soon;
+        #     handing the key out (get()) keeps the promise, so its entry is
+        #     dropped then (controller-runtime's priority queue keeps one entry
+        #     per key, and an earlier add supersedes a later delayed one). The
+        #     reconcile that runs asks again if it still needs to. A delayed add
+        #     without priority (a poll, a rate-limited retry) is never dropped.
         #   Whenever _heap is non-empty and getters wait, one of them wakes no
         #     later than _heap[0]'s due time: a new earliest entry notifies one
         #     getter, and every get() that returns with keys still delayed
         #     hands off to another getter (see _Queue.get).
         self._heap: list[tuple[float, int, Hashable]] = []   # seq breaks ties; keys never compared
         self._waiting: dict[Hashable, tuple[float, int]] = {}
+        self._promised: set[Hashable] = set()
         self._seq = itertools.count()
 
     def add_after(self, key: Hashable, delay_seconds: float, *, priority: int = 0) -> None:
@@ -305,7 +318,9 @@ class _DelayingQueue(_Queue):
 
         `priority` > 0: from now until the key is next handed out, whichever add
         brings it first -- this one when due, or an earlier add() of an event --
-        puts it ahead of the keys queued without priority.
+        puts it ahead of the keys queued without priority. And the first of
+        them is the only one: once the key is handed out, this delayed add is
+        dropped (unless an add_after() without priority is pending for it too).
 
         Counted in workqueue_retries_total, as client-go's AddAfter counts it.
         """
@@ -313,14 +328,19 @@ class _DelayingQueue(_Queue):
             if not self._shutting_down:
                 self._m_retries.inc()
                 self._prioritise_locked(key, priority)
-                self._add_after_locked(key, delay_seconds, self._clock())
+                self._add_after_locked(key, delay_seconds, self._clock(), promise=priority > 0)
 
-    def _add_after_locked(self, key: Hashable, delay_seconds: float, now: float) -> None:
+    def _add_after_locked(self, key: Hashable, delay_seconds: float, now: float, *,
+                          promise: bool = False) -> None:
         if delay_seconds <= 0:
             self._add_locked(key, now)
             return
         due = now + delay_seconds
         current = self._waiting.get(key)
+        if current is None and promise:
+            self._promised.add(key)
+        elif not promise:
+            self._promised.discard(key)     # a poll merged into this wait: never dropped
         if current is not None and current[0] <= due:
             return
         seq = next(self._seq)
@@ -329,12 +349,27 @@ class _DelayingQueue(_Queue):
         if self._heap[0][1] == seq:
             self._ready.notify()        # a new earliest due time: a getter recomputes its wait
 
+    def _handed_out_locked(self, key: Hashable) -> None:
+        if key in self._promised:
+            # The promise is kept by this hand-out; its heap entry is now stale.
+            self._promised.discard(key)
+            del self._waiting[key]
+            self._drop_stale_heads_locked()
+
     def _promote_due_locked(self, now: float) -> None:
         while self._heap and self._heap[0][0] <= now:
             due, seq, key = heapq.heappop(self._heap)
             if self._waiting.get(key) == (due, seq):
                 del self._waiting[key]
+                self._promised.discard(key)
                 self._add_locked(key, now)
+
+    def _drop_stale_heads_locked(self) -> None:
+        # So that no getter sleeps until, and wakes for, an entry dropped by a hand-out.
+        # (Stale entries deeper down are skipped when they come due, as superseded ones are.)
+        heap, waiting = self._heap, self._waiting
+        while heap and waiting.get(heap[0][2]) != heap[0][:2]:
+            heapq.heappop(heap)
 
     def _seconds_to_next_due_locked(self, now: float) -> float | None:
         return self._heap[0][0] - now if self._heap else None
@@ -346,6 +381,7 @@ class _DelayingQueue(_Queue):
         dropped = len(self._waiting)
         self._heap.clear()
         self._waiting.clear()
+        self._promised.clear()
         return dropped
 
 

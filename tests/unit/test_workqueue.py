@@ -446,7 +446,8 @@ def test_metrics_of_a_collected_queue_read_zero(clock):
        n_ops=st.integers(200, 4000), p_delayed=st.floats(0.0, 0.5),
        p_readd=st.floats(0.0, 0.6))
 def test_property_concurrent_workers(seed, n_keys, n_ops, p_delayed, p_readd):
-    """16 workers, 4 producers, random add / add_after / add_rate_limited / clock moves.
+    """16 workers, 4 producers, random add / add_after (with or without priority) /
+    add_rate_limited / clock moves.
 
     - no key is ever held by two workers at once;
     - every add of a key is followed by a get() of that key that started after it;
@@ -474,7 +475,7 @@ def test_property_concurrent_workers(seed, n_keys, n_ops, p_delayed, p_readd):
         record_add(key)
         roll = rng.random()
         if roll < p_delayed:
-            q.add_after(key, rng.uniform(0.0, 3.0))
+            q.add_after(key, rng.uniform(0.0, 3.0), priority=rng.randrange(2))
         elif roll < p_delayed * 1.5:
             q.add_rate_limited(key)
         else:
@@ -551,9 +552,59 @@ def test_an_event_for_a_prioritised_key_brings_it_ahead_at_once(clock):
     q.add("held")                          # its awaited event, long before the delay
     assert len(q) == 3
     assert drain(q) == ["held", "a", "b"]
+    assert q._seconds_to_next_due_locked(clock()) is None   # no getter wakes for it
     q.add("other")
-    clock.advance(30.0)                    # the delayed add still comes, now without priority
-    assert drain(q) == ["other", "held"]
+    clock.advance(30.0)                    # the hand-out kept the promise: no second pass
+    assert drain(q) == ["other"]
+
+
+def test_a_prioritised_delayed_add_is_dropped_once_the_key_is_handed_out(clock):
+    # controller-runtime's priority queue: one entry per key, so an event that brings a
+    # held key early is the only pass. The reconcile it runs asks again if it must.
+    q = WorkQueue("q", clock=clock)
+    q.add_after("held", 5.0, priority=1)
+    q.add("held")
+    assert take(q) == "held"
+    q.add_after("held", 10.0, priority=1)  # asked again while processing: a new promise
+    q.done("held")
+    clock.advance(5.0)
+    assert drain(q) == []                  # the first promise was kept by the hand-out
+    clock.advance(5.0)
+    assert drain(q) == ["held"]
+    clock.advance(60.0)
+    assert drain(q) == []
+
+
+def test_a_prioritised_delayed_add_made_while_processing_survives_that_processing(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("held")
+    assert take(q) == "held"
+    q.add_after("held", 5.0, priority=1)   # the running reconcile's requeue_after
+    q.done("held")
+    assert drain(q) == []
+    clock.advance(5.0)
+    assert drain(q) == ["held"]
+
+
+def test_a_poll_merged_with_a_prioritised_delayed_add_is_never_dropped(clock):
+    for first, second in ((0, 1), (1, 0)):
+        q = WorkQueue("q", clock=clock)
+        q.add_after("k", 5.0, priority=first)
+        q.add_after("k", 3.0, priority=second)
+        q.add("k")
+        assert drain(q) == ["k"]
+        clock.advance(5.0)
+        assert drain(q) == ["k"], (first, second)
+
+
+def test_a_rate_limited_retry_is_never_dropped_by_a_hand_out(clock):
+    q = WorkQueue("q", clock=clock, rate_limiter=ItemExponentialLimiter(1.0, 60.0))
+    q.add_after("k", 5.0, priority=1)
+    q.add_rate_limited("k")                # due in 1 s, merged into the earlier wait
+    q.add("k")
+    assert drain(q) == ["k"]
+    clock.advance(1.0)
+    assert drain(q) == ["k"]
 
 
 def test_a_queued_key_that_gains_priority_moves_ahead(clock):
