@@ -30,60 +30,25 @@ from .cluster import ROOT, proc_cpu_seconds
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
 
-# Where the Python processes the benches start keep the bytecode of this
-# repository's code (outside it). The image ships precompiled bytecode; a
-# shell with PYTHONDONTWRITEBYTECODE=1 (this machine's has it) would instead
-# make every operator start compile its 36 modules again, 0.3-0.9 s of a
-# start-up figure that no deployment pays.
-PYCACHE = Path(os.environ.get("MY_CONTROLLER_CACHE", Path.home() / ".cache" / "my-controller")) \
-    / "bench-pycache"
+# The Python processes the benches start write and reuse bytecode as usual
+# (next to the code, in the git-ignored __pycache__ directories). The image
+# ships precompiled bytecode; a shell with PYTHONDONTWRITEBYTECODE=1 (this
+# machine's has it) would instead make every operator start compile its 36
+# modules again, 0.3-0.9 s of a start-up figure that no deployment pays.
 
 
 def python_env(**extra: str) -> dict[str, str]:
-    """The environment of a Python process a bench starts: bytecode written and
-    reused under PYCACHE, as a deployed image has it precompiled."""
+    """The environment of a Python process a bench starts: bytecode written and reused."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(PYTHONPYCACHEPREFIX=str(PYCACHE), **extra)
+    env.update(extra)
     return env
 
 
 def precompile(python: str) -> None:
-    """Compile this repository's code into PYCACHE once, before anything is timed."""
+    """Compile this repository's code once, before anything is timed."""
     subprocess.run([python, "-m", "compileall", "-q", "-x", r"/\.venv", str(ROOT / "k8s_http"),
                     str(ROOT / "controller.py"), str(ROOT / "bench")],
                    env=python_env(), check=False, stdout=subprocess.DEVNULL)
-
-
-def _status_kib(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
-def peak_rss_bytes(pid: int) -> int:
-    return _status_kib(pid, "VmHWM") * 1024
-
-
-def rss_bytes(pid: int) -> int:
-    return _status_kib(pid, "VmRSS") * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http_status(url: str, timeout: float = 1.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except (OSError, ValueError):
-        return None
 
 
 class OperatorProcess:
