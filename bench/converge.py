@@ -238,11 +238,13 @@ def _git(*args: str) -> str:
 
 
 def _source_changed() -> bool:
-    """Uncommitted changes other than benchmark outputs (make bench writes those first)."""
+    """Uncommitted changes to tracked files other than benchmark outputs (make bench
+    writes those first). Untracked files (a worktree's venv link) do not count."""
     # "XY path": _git strips the output, so the first line may have lost its leading
     # space; the path is what follows the status letters.
     return any(not line.split(maxsplit=1)[-1].startswith(("bench/results/", "bench/RESULTS"))
-               for line in _git("status", "--porcelain").splitlines() if line.strip())
+               for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()
+               if line.strip())
 
 
 def _run(argv: list[str]) -> str:
