@@ -51,6 +51,38 @@ def precompile(python: str) -> None:
                    env=python_env(), check=False, stdout=subprocess.DEVNULL)
 
 
+def _status_kib(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def peak_rss_bytes(pid: int) -> int:
+    return _status_kib(pid, "VmHWM") * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    return _status_kib(pid, "VmRSS") * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http_status(url: str, timeout: float = 1.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except (OSError, ValueError):
+        return None
+
+
 class OperatorProcess:
     """One run of one operator. Subclasses say how to start it and what "ready" is."""
 
