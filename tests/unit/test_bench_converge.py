@@ -186,3 +186,16 @@ def test_startup_list_table_takes_the_best_run_per_mode_and_their_ratio():
     assert "| bare client, time to receive all (s) | 1.0 | 4.0 | 0.25x |" in md
     assert "| bare client, CPU (s) | 0.3 | 0.5 | 0.60x |" in md
     assert "| informer, time to synced (s) | None | None | - |" in md
+
+
+def test_our_operator_command_line_and_environment(tmp_path, monkeypatch):
+    from convergence import operators
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    op = operators.OurOperator(tmp_path / "kubeconfig", "ns", tmp_path,
+                               workers=4, python="python3")
+    argv = op.argv()
+    assert argv[1].endswith("controller.py") and "--workers" in argv
+    assert f"127.0.0.1:{op.metrics_port}" in argv and f"127.0.0.1:{op.probe_port}" in argv
+    assert op.ready_pattern.search('{"msg":"caches synced; starting workers"}')
+    # Bytecode is written and reused, as a deployed image has it precompiled.
+    assert "PYTHONDONTWRITEBYTECODE" not in operators.python_env(A="1")
