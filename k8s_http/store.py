@@ -317,6 +317,14 @@ class Store:
         Both are the caller's own copies."""
         key, rv = key_of(obj), _rv(obj)
         stored = self.prepare(obj)
+        if self._compact:
+            # The stored object's own name and namespace (a projection interned
+            # them) are what the store files it under: the decoded event's
+            # strings would otherwise stay alive as its dict keys. Unless the
+            # transform dropped or changed them.
+            own = self._stored_key(stored)
+            if own == key:
+                key = own
         new = self._restore(stored)
         values = self._index_values(new)   # may raise: nothing has changed yet
         with self._lock:

@@ -424,3 +424,19 @@ def test_built_gives_the_objects_of_stored_forms_one_at_a_time():
         built = s.built(items)
         assert next(built)["metadata"]["name"] == "a"
         assert [o["metadata"]["name"] for o in built] == ["b"]
+
+
+def test_an_upserted_object_is_filed_under_its_own_interned_name():
+    from k8s_http import Projection
+    from k8s_http.projection import Interner
+    interner = Interner()
+    store = Store(transform=Projection(["metadata.name", "metadata.namespace"],
+                                       interner=interner))
+    shared = interner("".join(["a", "pi"])), interner("".join(["te", "am"]))  # seen before
+    store.upsert(obj("".join(["a", "pi"]), "".join(["te", "am"])))      # a fresh decode's strings
+    (key,) = store.keys()
+    assert key.name is shared[0] and key.namespace is shared[1]
+    # A transform that renames: filed under the event's key, as before.
+    renaming = Store(transform=lambda o: {"metadata": {"name": "other", "namespace": "x"}})
+    renaming.upsert(obj("mine", "ns"))
+    assert renaming.keys() == [ObjectKey("ns", "mine")]
