@@ -56,6 +56,7 @@ from k8s_http import (
     Result,
     Store,
     config_hash,
+    current_work,
     queued_seconds,
     controller_of,
     get_condition,
@@ -796,9 +797,9 @@ class MyReconciler:
         # finished with: everything written, or a status held until _held_until.
         # The same versions in the caches again give the same answer (the
         # reconcile reads nothing else once both children exist, and a hold only
-        # depends on the time), so an event that only echoes our own write -- the
-        # store answers with the write until the watch brings it, at the same
-        # version -- or a resync costs three cache reads, not a reconcile. A hash,
+        # depends on the time), so a resync, or an echo of our own write that still
+        # wakes the key (one the store could not name the writer of: see _write),
+        # costs three cache reads, not a reconcile. A hash,
         # not the strings: one int per My at scale; a false match needs a 64-bit
         # collision for the same key.
         self._settled: dict[ObjectKey, int] = {}
@@ -1082,7 +1083,8 @@ class MyReconciler:
             namespace=key.namespace, create_only=create_only))
 
     def _write(self, resource: Resource, base: dict | None, send: Callable[[], dict]) -> dict:
-        """Send a write; the store answers with its result until the watch brings it."""
+        """Send a write; the store answers with its result until the watch brings it,
+        and the watch's copy does not bring this reconcile's key back (it has the answer)."""
         store = self._stores[resource]
         token = store.begin_write()
         written = None
@@ -1090,7 +1092,7 @@ class MyReconciler:
             written = send()
             return written
         finally:
-            store.end_write(token, written, base=base)
+            store.end_write(token, written, base=base, writer=current_work())
 
     def _conflict(self, key: ObjectKey, my: dict, resource: Resource, live: dict) -> Result:
         owner = controller_of(live)

@@ -34,12 +34,13 @@ from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES,
 from .packed import pack, unpack
 from .projection import DroppedFieldRead, Projection
 from .quantity import parse_quantity, same_quantity
-from .runner import Result, TerminalError, queued_seconds
+from .runner import Result, TerminalError, current_work, queued_seconds
 from .store import Store
 from .watchproto import WatchEvent
 
 __all__ = [
     "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",
+    "current_work",
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     "ApiError", "BadRequestError", "UnauthorizedError", "ForbiddenError", "NotFoundError",
     "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",

@@ -94,6 +94,7 @@ class Informer:
         self._clock = clock
         self._label = str(resource)
         self._metrics.init_resource(self._label)
+        self._cache_objects = self._metrics.cache_objects.labels(self._label)
         self._handlers: list[tuple[Mapper, object]] = []
         self._sync_listeners: list[Callable[[], None]] = []
         self._stop = threading.Event()
@@ -167,7 +168,7 @@ class Informer:
         # The watchers prepare each listed object as it arrives (Store.prepare:
         # transformed and packed), so a long list is never held as dicts.
         vanished = self.store.replace(items, namespace=namespace, prepared=True)
-        self._metrics.cache_objects.labels(self._label).set(len(self.store))
+        self._cache_objects.set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates. The listed objects
         # are built one at a time: all of them at once would be the whole list
@@ -180,19 +181,27 @@ class Informer:
     def _on_event(self, type_: str, obj: dict) -> None:
         if type_ == "DELETED":
             old = self.store.delete(obj)
-            new = obj
-        else:
-            old, new = self.store.upsert(obj)      # new: the transformed object stored
-        self._metrics.cache_objects.labels(self._label).set(len(self.store))
+            self._cache_objects.set(len(self.store))
+            self._enqueue(obj, old)
+            return
+        change = self.store.upsert_if_changed(obj)
+        self._cache_objects.set(len(self.store))
+        if change is None:
+            return      # only the resourceVersion moved: the handlers know this object
         # Map the old object too: when an ownerReference changes, both owners care.
-        self._enqueue(new, old)
+        # The watch's copy of our own write does not bring back the key whose
+        # reconcile wrote it (that reconcile has seen its answer); others learn of it.
+        self._enqueue(change.new, change.old, skip=change.echo_of)
 
-    def _enqueue(self, *objs: dict | None) -> None:
+    def _enqueue(self, *objs: dict | None, skip: tuple[object, ObjectKey] | None = None
+                 ) -> None:
         for mapper, queue in self._handlers:
             keys: set[ObjectKey] = set()
             for obj in objs:
                 if obj is not None:
                     keys.update(self._keys(mapper, obj))
+            if skip is not None and skip[0] is queue:
+                keys.discard(skip[1])
             for key in keys:
                 queue.add(key)
 

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable
 
 __all__ = ["Layout", "pack", "pack_into", "seal", "unpack", "leaf", "is_packed",
-           "digits_as_int", "MAP", "LIST", "END", "LEAF", "DIGITS"]
+           "same_apart_from", "digits_as_int", "MAP", "LIST", "END", "LEAF", "DIGITS"]
 
 Shape = tuple | None
 
@@ -189,6 +189,19 @@ def leaf(packed: tuple, path: tuple[str, ...]) -> object | None:
     layout = packed[0]
     index = layout.index_of(path)
     return None if index is None else layout.leaf(packed, index)
+
+
+def same_apart_from(a: tuple, b: tuple, path: tuple[str, ...]) -> bool:
+    """Whether packed `a` and `b` hold the same value, whatever their leaf at `path`.
+    Objects of different layouts count as different (an equal layout made again
+    after the table started over too: the safe answer)."""
+    layout = a[0]
+    if b[0] is not layout:
+        return False
+    index = layout.index_of(path)
+    if index is None:
+        return a == b
+    return a[1:index] == b[1:index] and a[index + 1:] == b[index + 1:]
 
 
 def _leaf_index(shape: Shape, path: tuple[str, ...]) -> int | None:

@@ -48,17 +48,28 @@ from typing import Callable, ContextManager, Hashable
 from .metrics import Metrics
 from .workqueue import WorkQueue
 
-__all__ = ["Result", "TerminalError", "Runner", "PANIC_TYPES", "is_panic", "queued_seconds"]
+__all__ = ["Result", "TerminalError", "Runner", "PANIC_TYPES", "is_panic", "queued_seconds",
+           "current_work"]
 
 # Set by the worker for the reconcile it runs (each thread has its own context).
 _queued_seconds: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "queued_seconds", default=None)
+_current_work: contextvars.ContextVar[tuple[WorkQueue, Hashable] | None] = \
+    contextvars.ContextVar("current_work", default=None)
 
 
 def queued_seconds() -> float | None:
     """How long the key being reconciled on this thread waited in its work queue
     before this reconcile started (the queue's own delay); None outside a reconcile."""
     return _queued_seconds.get()
+
+
+def current_work() -> tuple[WorkQueue, Hashable] | None:
+    """(the work queue, the key) of the reconcile running on this thread; None
+    outside a reconcile. A write recorded with it (`Store.end_write(...,
+    writer=current_work())`) does not bring this key back when its watch event
+    arrives: the reconcile that wrote has seen the answer."""
+    return _current_work.get()
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +260,7 @@ class Runner:
         started = self._clock()
         handled = False
         token = _queued_seconds.set(self.queue.queued_seconds(key))
+        work = _current_work.set((self.queue, key))
         try:
             with self._log_context(self.name, key, reconcile_id):
                 try:
@@ -273,6 +285,7 @@ class Runner:
             raise
         finally:
             _queued_seconds.reset(token)
+            _current_work.reset(work)
             self._m_time.observe(max(0.0, self._clock() - started))
             self._m_active.dec()
             self.queue.done(key)

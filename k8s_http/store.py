@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NamedTuple
 
 from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
 from .objects import resource_version_of as _rv
-from .packed import LEAF, is_packed, leaf, pack, seal
+from .packed import LEAF, is_packed, leaf, pack, same_apart_from, seal
 from .projection import Projection
 
-__all__ = ["Store", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_owner_uid"]
+__all__ = ["Store", "Change", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_owner_uid"]
 
 _NAME = ("metadata", "name")
 _NAMESPACE = ("metadata", "namespace")
@@ -61,6 +62,21 @@ def index_owner_uid(obj: dict) -> list[str]:
 DEFAULT_INDEXERS: Mapping[str, Indexer] = {
     "namespace": index_namespace,
 }
+
+
+def _without_version(obj: object) -> object:
+    """`obj` (an unpacked object) with its metadata.resourceVersion left out."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+        return obj
+    metadata = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    return {**obj, "metadata": metadata}
+
+
+class Change(NamedTuple):
+    """What a watch event changed in a Store (`upsert_if_changed`)."""
+    old: dict | None          # the object it replaced (None: it added one)
+    new: dict                 # the object now stored
+    echo_of: object           # the writer of the write this event brings back, or None
 
 
 class _ByNamespace:
@@ -161,12 +177,13 @@ class Store:
         # sets are removed.
         self._objects = _ByNamespace()                 # key -> stored form (prepare)
         self._indices: dict[str, dict[str, set[ObjectKey]]] = {n: {} for n in self._indexers}
-        # Our own writes the watch has not brought yet: key -> (stale, written).
+        # Our own writes the watch has not brought yet: key -> (stale, written,
+        # writer), the writer as end_write was given it (or None).
         # Invariant: key in _written => since `written` was recorded, the store
         # has observed the key only with resourceVersions in `stale` (versions
         # known to be older than `written`). Any other observation, a delete or a
         # relist drops the entry: from then on the watch speaks for the key.
-        self._written: dict[ObjectKey, tuple[frozenset, object]] = {}
+        self._written: dict[ObjectKey, tuple[frozenset, object, object]] = {}
         # Writes in flight and what was observed meanwhile: a counter of
         # observations, the tokens (counter values when each write began, with
         # multiplicity), and the last observation of each key made while a write
@@ -209,15 +226,13 @@ class Store:
     def get(self, key: ObjectKey) -> dict | None:
         """The object, or our own newer write of it that the watch has not brought yet."""
         with self._lock:
-            written = self._written.get(key)
-            stored = written[1] if written is not None else self._objects.get(key)
+            stored = self._visible_locked(key)
         return None if stored is None else self._restore(stored)
 
     def resource_version(self, key: ObjectKey) -> str | None:
         """What `get(key)` would answer's metadata.resourceVersion, without building it."""
         with self._lock:
-            written = self._written.get(key)
-            return self._stored_rv(written[1] if written is not None else self._objects.get(key))
+            return self._stored_rv(self._visible_locked(key))
 
     def built(self, stored: Iterable) -> Iterator[dict]:
         """The objects that `replace(stored, prepared=True)` stored, built one at a
@@ -265,13 +280,16 @@ class Store:
             return token
 
     def end_write(self, token: int, written: dict | None = None, *,
-                  base: dict | None = None) -> None:
+                  base: dict | None = None, writer: object = None) -> None:
         """Remember `written`, the server's answer to our write, until the watch brings it.
 
         `written` None: the write failed, nothing to remember. `base`: the object
         the write was computed from (what `get` returned, or a live read); its
         resourceVersion is known to be older than `written`'s. Writing on top of
         an earlier unobserved write keeps that write's stale versions too.
+        `writer`: who wrote, as a handler would name it (a Runner's
+        `current_work()`: its queue and key); `upsert_if_changed` hands it back
+        with the watch's copy of this write, which that writer has already seen.
 
         Not remembered if the store observed the key while the write was in
         flight: the watch may already have brought this write *and later
@@ -294,7 +312,7 @@ class Store:
                 if previous is not None and base_rv == self._stored_rv(previous[1]):
                     stale |= previous[0]
                 stale.discard(written_rv)
-                self._written[key] = (frozenset(stale), stored)
+                self._written[key] = (frozenset(stale), stored, writer)
             # Observations older than every write still in flight can no longer matter.
             if not self._inflight:
                 self._recent.clear()
@@ -315,6 +333,19 @@ class Store:
         """Add or replace `obj` (transformed); returns (the object it replaced or None,
         the object stored), so a caller needs no second read to see what it stored.
         Both are the caller's own copies."""
+        change = self._upsert(obj, quiet=False)
+        return change.old, change.new
+
+    def upsert_if_changed(self, obj: dict) -> Change | None:
+        """`upsert` for a watch event: None when the object stored is the one it
+        replaces apart from metadata.resourceVersion (a change only in fields the
+        transform drops, such as the Deployment controller's revision annotation):
+        whoever was told of that one has nothing new to learn, and nothing is built.
+        Otherwise the Change, whose `echo_of` is the writer of our unobserved write
+        when this is the watch's copy of it (same resourceVersion, see end_write)."""
+        return self._upsert(obj, quiet=True)
+
+    def _upsert(self, obj: dict, *, quiet: bool) -> Change | None:
         key, rv = key_of(obj), _rv(obj)
         stored = self.prepare(obj)
         if self._compact:
@@ -325,15 +356,33 @@ class Store:
             own = self._stored_key(stored)
             if own == key:
                 key = own
-        new = self._restore(stored)
-        values = self._index_values(new)   # may raise: nothing has changed yet
+        # Built now only when needed: the indexes read the object (and may raise,
+        # before anything has changed), and a plain upsert always returns it.
+        new = self._restore(stored) if self._indexers or not quiet else None
+        values = self._index_values(new) if self._indexers else {}
         with self._lock:
+            written = self._written.get(key)
+            echo_of = written[2] if written is not None and rv is not None and \
+                rv == self._stored_rv(written[1]) else None
             old = self._objects.put(key, stored)
             if old is not None:
                 self._unfile_locked(key, old)
             self._file_locked(key, values)
             self._observe_locked(key, rv)
-        return (None if old is None else self._restore(old)), new
+        if quiet and old is not None and self._same_apart_from_version(old, stored):
+            return None
+        return Change(None if old is None else self._restore(old),
+                      new if new is not None else self._restore(stored), echo_of)
+
+    def _visible_locked(self, key: ObjectKey) -> object | None:
+        """The stored form `get(key)` answers from: our unobserved write, or the cache's."""
+        written = self._written.get(key)
+        return written[1] if written is not None else self._objects.get(key)
+
+    def _same_apart_from_version(self, a: object, b: object) -> bool:
+        if self._compact:
+            return same_apart_from(a, b, _RESOURCE_VERSION)
+        return _without_version(a) == _without_version(b)
 
     def delete(self, obj_or_key: dict | ObjectKey) -> dict | None:
         """Remove by key (or by the key of an object); returns the removed object, if any."""

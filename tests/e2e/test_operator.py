@@ -410,16 +410,29 @@ def test_zero_writes_once_converged(operator, api, namespace):
     time.sleep(2)      # let the last watch events (our own writes coming back) drain
     before = operator.writes()
     reconciles_before = operator.metric("controller_runtime_reconcile_total", controller="my")
-    # Touch each My without changing its spec: a reconcile each, and nothing to do.
+    # A touch the cache does not keep (an annotation): the cached My is the same,
+    # so nothing is reconciled at all.
     for i in range(3):
         api.patch(MY, f"quiet-{i}", {"metadata": {"annotations": {"touched": "yes"}}},
                   namespace=namespace)
+    # A change it does see, which asks nothing of us: another controller's
+    # condition beside ours. A reconcile each, and nothing to do.
+    for i in range(3):
+        api.patch(MY, f"quiet-{i}", [{"op": "add", "path": "/status/conditions/-", "value": {
+            "type": "Audited", "status": "True", "reason": "Checked", "message": "by a test",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}}],
+            namespace=namespace, patch_type="json", subresource="status")
     eventually(lambda: operator.metric("controller_runtime_reconcile_total", controller="my")
                >= reconciles_before + 3, timeout=TIMEOUT, interval=0.1)
     mark = len(operator.log())
     time.sleep(5)
     assert operator.writes() == before, \
         f"writes during a quiet period; the log meanwhile:\n{operator.log()[mark - 20000:]}"
+    assert operator.metric("controller_runtime_reconcile_total", controller="my") == \
+        reconciles_before + 3, "the annotations, or our own watch echoes, woke reconciles"
+    for i in range(3):
+        conditions = api.get(MY, f"quiet-{i}", namespace=namespace)["status"]["conditions"]
+        assert {c["type"] for c in conditions} == {"Ready", "Audited"}
 
 
 def test_the_controller_pod_is_admitted_under_restricted_pod_security(installed, api, namespace):

@@ -2,6 +2,7 @@
 
 from k8s_http.informer import Informer, own_key, owner_key
 from k8s_http.objects import DEPLOYMENTS, ObjectKey
+from k8s_http.projection import Projection
 
 
 def child(ns="ns", owner=None):
@@ -95,14 +96,80 @@ def test_an_event_maps_the_object_it_stored_not_a_remembered_write():
     owners = Queue()
     inf.add_handler(owner_key("My", "mine.jp"), owners)
     inf._on_event("ADDED", child(owner=MY))
-    base = inf.store.get(ObjectKey("ns", "c"))
+    first, second = child(owner=dict(MY, name="other")), child(owner=dict(MY, name="third"))
+    first["metadata"]["resourceVersion"], second["metadata"]["resourceVersion"] = "3", "5"
     token = inf.store.begin_write()
-    written = child(owner=dict(MY, name="other"))
-    written["metadata"]["resourceVersion"] = "3"
-    inf.store.end_write(token, written, base=base)
+    inf.store.end_write(token, first, base=inf.store.get(ObjectKey("ns", "c")))
+    token = inf.store.begin_write()
+    inf.store.end_write(token, second, base=inf.store.get(ObjectKey("ns", "c")))
     owners.keys.clear()
-    # The watch replays the version our write was based on (a re-watch can): the
-    # store keeps remembering the write, and get() would answer with it.
-    inf._on_event("MODIFIED", child(owner=MY))
-    assert inf.store.get(ObjectKey("ns", "c"))["metadata"]["resourceVersion"] == "3"
-    assert owners.keys == [ObjectKey("ns", "foobar")]
+    # The watch brings the first write, older than the second: the store keeps
+    # remembering the second, and get() would answer with it.
+    inf._on_event("MODIFIED", first)
+    assert inf.store.get(ObjectKey("ns", "c"))["metadata"]["resourceVersion"] == "5"
+    assert sorted(owners.keys) == [ObjectKey("ns", "foobar"), ObjectKey("ns", "other")]
+
+
+def test_an_update_of_nothing_but_the_version_tells_no_handler():
+    """The handlers know the object: a new resourceVersion alone (a change in a
+    field the transform drops, a replayed version) is nothing to reconcile."""
+    drop_annotations = Projection(["metadata.name", "metadata.namespace", "metadata.labels",
+                                   "metadata.resourceVersion", "metadata.ownerReferences"])
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"],
+                   transform=drop_annotations)
+    own = Queue()
+    inf.add_handler(own_key, own)
+    inf._on_event("ADDED", child(owner=MY))
+    annotated = child(owner=MY)
+    annotated["metadata"].update(resourceVersion="2", annotations={"revision": "1"})
+    inf._on_event("MODIFIED", annotated)
+    inf._on_event("MODIFIED", annotated)
+    assert own.keys == [ObjectKey("ns", "c")]
+    assert inf.store.resource_version(ObjectKey("ns", "c")) == "2"
+    labelled = child(owner=MY)
+    labelled["metadata"].update(resourceVersion="3", labels={"tier": "web"})
+    inf._on_event("MODIFIED", labelled)
+    assert own.keys == [ObjectKey("ns", "c")] * 2
+    inf._on_event("DELETED", labelled)
+    assert own.keys == [ObjectKey("ns", "c")] * 3
+
+
+def test_the_echo_of_a_write_skips_only_the_writers_key_in_the_writers_queue():
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    mine, theirs = Queue(), Queue()
+    inf.add_handler(owner_key("My", "mine.jp"), mine)
+    inf.add_handler(owner_key("My", "mine.jp"), theirs)
+    inf._on_event("ADDED", child(owner=MY))
+    mine.keys.clear()
+    theirs.keys.clear()
+    written = child(owner=dict(MY, name="other"))
+    written["metadata"]["resourceVersion"] = "2"
+    token = inf.store.begin_write()
+    inf.store.end_write(token, written, base=inf.store.get(ObjectKey("ns", "c")),
+                        writer=(mine, ObjectKey("ns", "other")))
+    inf._on_event("MODIFIED", written)
+    # The old owner was not the writer: it learns that it lost the child.
+    assert mine.keys == [ObjectKey("ns", "foobar")]
+    assert sorted(theirs.keys) == [ObjectKey("ns", "foobar"), ObjectKey("ns", "other")]
+
+
+def test_a_write_without_a_writer_or_a_later_version_tells_every_handler():
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    own = Queue()
+    inf.add_handler(own_key, own)
+    inf._on_event("ADDED", child(owner=MY))
+    written = child(owner=dict(MY, name="other"))
+    written["metadata"]["resourceVersion"] = "2"
+    token = inf.store.begin_write()
+    inf.store.end_write(token, written, base=inf.store.get(ObjectKey("ns", "c")))
+    inf._on_event("MODIFIED", written)                 # no writer given: everyone hears
+    assert own.keys == [ObjectKey("ns", "c")] * 2
+    ours = child(owner=dict(MY, name="third"))
+    ours["metadata"]["resourceVersion"] = "4"
+    token = inf.store.begin_write()
+    inf.store.end_write(token, ours, base=inf.store.get(ObjectKey("ns", "c")),
+                        writer=(own, ObjectKey("ns", "c")))
+    later = child(owner=dict(MY, name="fourth"))
+    later["metadata"]["resourceVersion"] = "9"         # not our write's version
+    inf._on_event("MODIFIED", later)
+    assert own.keys == [ObjectKey("ns", "c")] * 3

@@ -112,6 +112,7 @@ def test_import_pulls_in_no_third_party_http_library_and_has_no_side_effects():
 EXPECTED_API = [
     # running controllers
     "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",
+    "current_work",
     # talking to the apiserver
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     # errors

@@ -54,6 +54,17 @@ def test_a_leaf_is_read_without_unpacking():
     assert leaf(p, ("spec", "x")) is None
 
 
+def test_same_apart_from_ignores_one_leaf_only():
+    def meta(rv, name="a", labels=None):
+        return pack({"metadata": {"name": name, "resourceVersion": rv, **(labels or {})}})
+    path = ("metadata", "resourceVersion")
+    assert packed.same_apart_from(meta("1"), meta("2"), path)
+    assert not packed.same_apart_from(meta("1"), meta("2", name="b"), path)
+    assert not packed.same_apart_from(meta("1"), meta("1", labels={"x": "1"}), path)  # layouts
+    assert packed.same_apart_from(pack({"a": 1}), pack({"a": 1}), path)    # no such leaf
+    assert not packed.same_apart_from(pack({"a": 1}), pack({"a": 2}), path)
+
+
 def test_shapes_too_large_or_too_deep_to_compile_are_built_by_a_walk():
     wide = {f"k{i}": i for i in range(packed._MAX_COMPILED_NODES + 1)}
     keys_only = {f"k{i}": {} for i in range(packed._MAX_COMPILED_NODES + 1)}   # no leaves

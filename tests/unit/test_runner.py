@@ -497,6 +497,16 @@ def test_a_key_taken_just_before_the_gate_closed_is_put_back(h):
     assert reconcile.count("a") == 1
 
 
+def test_a_reconcile_knows_its_queue_and_key():
+    from k8s_http.runner import current_work
+    queue = WorkQueue("work")
+    seen = []
+    runner = Runner("work", queue, lambda key: seen.append(current_work()), workers=1)
+    queue.add("k")
+    runner._process(queue.get(timeout_seconds=0)[0])
+    assert seen == [(queue, "k")] and current_work() is None
+
+
 def test_a_reconcile_knows_how_long_its_key_waited_and_can_ask_for_priority():
     from k8s_http.runner import queued_seconds
     from tests.support.clock import FakeClock

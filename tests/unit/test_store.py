@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -283,6 +284,37 @@ def test_older_versions_do_not_hide_our_write_and_chained_writes_keep_them():
     assert get_rv(store, "a") == "3"
     store.upsert(obj("a", rv="9"))              # anything else: the watch speaks again
     assert get_rv(store, "a") == "9"
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_upsert_if_changed_is_none_when_only_the_version_moved(compact):
+    store = Store(compact=compact)
+    first = store.upsert_if_changed(obj("a", rv="1"))
+    assert first.old is None and first.new["metadata"]["resourceVersion"] == "1"
+    assert store.upsert_if_changed(obj("a", rv="1")) is None      # replayed
+    assert store.upsert_if_changed(obj("a", rv="2")) is None      # a new version of the same
+    assert get_rv(store, "a") == "2"
+    changed = obj("a", rv="3")
+    changed["spec"] = {"replicas": 2}
+    change = store.upsert_if_changed(changed)
+    assert change.old["metadata"]["resourceVersion"] == "2" and change.new == changed
+    assert change.echo_of is None
+
+
+def test_the_watchs_copy_of_our_write_names_its_writer():
+    store = Store()
+    store.upsert(obj("a", rv="1"))
+    written = obj("a", rv="4")
+    written["spec"] = {"replicas": 2}
+    store.end_write(store.begin_write(), written, base=obj("a", rv="1"), writer="me")
+    older = obj("a", rv="1")
+    older["spec"] = {"replicas": 3}            # a replayed base, as the watch had it
+    assert store.upsert_if_changed(older).echo_of is None
+    assert get_rv(store, "a") == "4"
+    assert store.upsert_if_changed(written).echo_of == "me"
+    again = obj("a", rv="6")
+    again["spec"] = {"replicas": 5}
+    assert store.upsert_if_changed(again).echo_of is None     # the watch speaks again
 
 
 def test_a_delete_or_a_relist_drops_an_unobserved_write():
