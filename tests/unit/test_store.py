@@ -201,7 +201,7 @@ def test_replace_is_atomic_for_readers():
 # ---- property: indexes always agree with the objects ------------------------------
 
 _ops = st.lists(st.tuples(
-    st.sampled_from(["upsert", "delete", "replace", "replace_ns"]),
+    st.sampled_from(["upsert", "watch", "delete", "replace", "replace_ns"]),
     st.sampled_from(["a", "b", "c"]),
     st.sampled_from(["n1", "n2"]),
     st.sampled_from([None, "u1", "u2"]),
@@ -219,6 +219,16 @@ def test_indexes_match_a_model(ops):
         if op == "upsert":
             o = obj(name, ns, owner_uid=owner)
             s.upsert(o)
+            model[ObjectKey(ns, name)] = o
+        elif op == "watch":         # an event: a new version, maybe of the same content
+            o = obj(name, ns, rv=str(len(batch) + 2), owner_uid=owner)
+            change = s.upsert_if_changed(o)
+            before = model.get(ObjectKey(ns, name))
+            same = before is not None and {**before["metadata"], "resourceVersion": ""} == \
+                {**o["metadata"], "resourceVersion": ""}
+            assert (change is None) == same
+            if change is not None:
+                assert change.old == before and change.new == o and change.echo_of is None
             model[ObjectKey(ns, name)] = o
         elif op == "delete":
             s.delete(ObjectKey(ns, name))
