@@ -191,7 +191,10 @@ class Informer:
         # Map the old object too: when an ownerReference changes, both owners care.
         # The watch's copy of our own write does not bring back the key whose
         # reconcile wrote it (that reconcile has seen its answer); others learn of it.
-        self._enqueue(change.new, change.old, skip=change.echo_of)
+        # A writer named otherwise than (queue, key) is no handler's: everyone hears.
+        writer = change.echo_of
+        skip = writer if isinstance(writer, tuple) and len(writer) == 2 else None
+        self._enqueue(change.new, change.old, skip=skip)
 
     def _enqueue(self, *objs: dict | None, skip: tuple[object, ObjectKey] | None = None
                  ) -> None:

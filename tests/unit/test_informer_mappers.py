@@ -173,3 +173,12 @@ def test_a_write_without_a_writer_or_a_later_version_tells_every_handler():
     later["metadata"]["resourceVersion"] = "9"         # not our write's version
     inf._on_event("MODIFIED", later)
     assert own.keys == [ObjectKey("ns", "c")] * 3
+    # A writer that is not (queue, key) names no handler's key: everyone hears.
+    for writer in (7, "me", (own,)):
+        mine = child(owner=dict(MY, name=f"w{len(own.keys)}"))
+        mine["metadata"]["resourceVersion"] = str(20 + len(own.keys))
+        token = inf.store.begin_write()
+        inf.store.end_write(token, mine, base=inf.store.get(ObjectKey("ns", "c")), writer=writer)
+        before = len(own.keys)
+        inf._on_event("MODIFIED", mine)
+        assert own.keys[before:] == [ObjectKey("ns", "c")]
