@@ -1084,7 +1084,8 @@ class MyReconciler:
 
     def _write(self, resource: Resource, base: dict | None, send: Callable[[], dict]) -> dict:
         """Send a write; the store answers with its result until the watch brings it,
-        and the watch's copy does not bring this reconcile's key back (it has the answer)."""
+        and the watch's copy, if it comes after the answer, does not bring this
+        reconcile's key back (it has the answer)."""
         store = self._stores[resource]
         token = store.begin_write()
         written = None

@@ -68,7 +68,8 @@ def current_work() -> tuple[WorkQueue, Hashable] | None:
     """(the work queue, the key) of the reconcile running on this thread; None
     outside a reconcile. A write recorded with it (`Store.end_write(...,
     writer=current_work())`) does not bring this key back when its watch event
-    arrives: the reconcile that wrote has seen the answer."""
+    arrives after the write's answer: the reconcile that wrote has seen it. (One
+    that arrives before the answer does bring it back: see Store.end_write.)"""
     return _current_work.get()
 
 logger = logging.getLogger(__name__)

@@ -290,6 +290,8 @@ class Store:
         `writer`: who wrote, as a handler would name it (a Runner's
         `current_work()`: its queue and key); `upsert_if_changed` hands it back
         with the watch's copy of this write, which that writer has already seen.
+        A copy that the watch brings before this call is not named (it made the
+        write unremembered, below): under load, a good part of them.
 
         Not remembered if the store observed the key while the write was in
         flight: the watch may already have brought this write *and later
