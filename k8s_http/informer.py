@@ -32,6 +32,11 @@ def own_key(obj: dict) -> list[ObjectKey]:
     return [key_of(obj)]
 
 
+# A mapper with this attribute set reads nothing but the object's metadata: a
+# relist hands it the metadata alone, built without the rest of the object.
+own_key.reads_metadata_only = True  # type: ignore[attr-defined]
+
+
 def owner_key(kind: str, api_group: str = "") -> Mapper:
     """A mapper to the key of the controlling owner of `kind` in `api_group` ("" = core).
 
@@ -47,6 +52,7 @@ def owner_key(kind: str, api_group: str = "") -> Mapper:
             return []
         return [ObjectKey(key_of(obj).namespace, ref["name"])]
     mapper.__name__ = f"owner_key[{kind}.{api_group}]" if api_group else f"owner_key[{kind}]"
+    mapper.reads_metadata_only = True  # type: ignore[attr-defined]
     return mapper
 
 
@@ -172,8 +178,10 @@ class Informer:
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates. The listed objects
         # are built one at a time: all of them at once would be the whole list
-        # as dicts again, the peak the packed store exists to avoid.
-        for obj in self.store.built(items):
+        # as dicts again, the peak the packed store exists to avoid. When every
+        # mapper reads only metadata (own_key, owner_key), only that is built:
+        # at 30,000 objects a resource, building them whole was a tenth of start-up.
+        for obj in self.store.built(items, only=self._mapped_part()):
             self._enqueue(obj)
         for obj in vanished:
             self._enqueue(obj)
@@ -184,7 +192,7 @@ class Informer:
             self._cache_objects.set(len(self.store))
             self._enqueue(obj, old)
             return
-        change = self.store.upsert_if_changed(obj)
+        change = self.store.upsert_if_changed(obj, only=self._mapped_part())
         self._cache_objects.set(len(self.store))
         if change is None:
             return      # only the resourceVersion moved: the handlers know this object
@@ -195,6 +203,15 @@ class Informer:
         writer = change.echo_of
         skip = writer if isinstance(writer, tuple) and len(writer) == 2 else None
         self._enqueue(change.new, change.old, skip=skip)
+
+    def _mapped_part(self) -> str | None:
+        """"metadata" when every handler's mapper reads nothing else (own_key,
+        owner_key): the objects handed to them need no more built. At 30,000
+        objects a resource, building them whole was a tenth of start-up."""
+        if self._handlers and all(getattr(mapper, "reads_metadata_only", False)
+                                  for mapper, _ in self._handlers):
+            return "metadata"
+        return None
 
     def _enqueue(self, *objs: dict | None, skip: tuple[object, ObjectKey] | None = None
                  ) -> None:

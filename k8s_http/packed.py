@@ -85,7 +85,7 @@ _MAX_COMPILED_DEPTH = 40
 class Layout:
     """The structure shared by packed objects of one shape, and its builder."""
 
-    __slots__ = ("shape", "leaves", "build", "_paths", "_digits")
+    __slots__ = ("shape", "leaves", "build", "_paths", "_digits", "_parts")
 
     def __init__(self, signature: tuple, leaves: int):
         self.shape = shape = _nest(signature)
@@ -93,6 +93,7 @@ class Layout:
         self.build: Callable[[tuple], object] = _builder(shape)
         self._paths: dict[tuple, int | None] = {}
         self._digits = frozenset(_digits_indices(shape)) if DIGITS in signature else frozenset()
+        self._parts: dict[tuple, Callable[[tuple], object] | None] = {}
 
     def index_of(self, path: tuple[str, ...]) -> int | None:
         """Where the leaf at `path` (dict keys) is in a packed object of this layout;
@@ -104,6 +105,19 @@ class Layout:
         found = _leaf_index(self.shape, path)
         self._paths[path] = found
         return found
+
+    def part_builder(self, path: tuple[str, ...]) -> Callable[[tuple], object] | None:
+        """A function building, from a packed object of this layout, a new copy of
+        the value at `path` (dict keys) alone; None when the path is absent.
+        Compiled like `build`, once per path."""
+        try:
+            return self._parts[path]
+        except KeyError:
+            pass
+        found = _node_at(self.shape, path)
+        made = None if found is None else _builder(found[1], first_leaf=found[0])
+        self._parts[path] = made
+        return made
 
     def leaf(self, packed: tuple, index: int) -> object:
         """The leaf at `index` of `packed` as the object had it (DIGITS as the string)."""
@@ -204,15 +218,24 @@ def same_apart_from(a: tuple, b: tuple, path: tuple[str, ...]) -> bool:
     return a[1:index] == b[1:index] and a[index + 1:] == b[index + 1:]
 
 
-def _leaf_index(shape: Shape, path: tuple[str, ...]) -> int | None:
+def _node_at(shape: Shape, path: tuple[str, ...]) -> tuple[int, Shape] | None:
+    """(the index of its first leaf in a packed object, the shape) of the value at
+    `path`; None when the path is absent."""
     index = 1                       # packed[0] is the layout
     for step in path:
-        if shape is None or shape[0] != "{" or step not in shape[1]:
+        if shape is None or shape is DIGITS_SHAPE or shape[0] != "{" or step not in shape[1]:
             return None
         position = shape[1].index(step)
         index += sum(_leaf_count(child) for child in shape[2][:position])
         shape = shape[2][position]
-    return index if shape is None or shape is DIGITS_SHAPE else None
+    return index, shape
+
+
+def _leaf_index(shape: Shape, path: tuple[str, ...]) -> int | None:
+    found = _node_at(shape, path)
+    if found is None or not (found[1] is None or found[1] is DIGITS_SHAPE):
+        return None
+    return found[0]
 
 
 def _digits_indices(shape: Shape) -> list[int]:
@@ -266,10 +289,12 @@ def _nest(signature: tuple) -> Shape:
 # ---- builders -----------------------------------------------------------------
 
 
-def _builder(shape: Shape) -> Callable[[tuple], object]:
+def _builder(shape: Shape, first_leaf: int = 1) -> Callable[[tuple], object]:
+    """A function building the value of `shape` from a packed object whose leaves
+    for it start at index `first_leaf` (1: the whole object)."""
     if _fits_compiling(shape):
         keys: list = []
-        source = _source(shape, [0], keys)
+        source = _source(shape, [first_leaf - 1], keys)
         # The source holds only `v[i]`, `k[j]`, `s(...)`, braces, brackets, colons
         # and commas (see _source): nothing from the object itself is compiled.
         try:
@@ -278,7 +303,7 @@ def _builder(shape: Shape) -> Callable[[tuple], object]:
             return make(tuple(keys), str)
         except (RecursionError, MemoryError, SyntaxError):  # pragma: no cover - limits
             pass
-    return lambda packed: _build_walk(shape, iter(packed[1:]).__next__)
+    return lambda packed: _build_walk(shape, iter(packed[first_leaf:]).__next__)
 
 
 def _fits_compiling(shape: Shape) -> bool:

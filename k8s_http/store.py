@@ -75,7 +75,7 @@ def _without_version(obj: object) -> object:
 class Change(NamedTuple):
     """What a watch event changed in a Store (`upsert_if_changed`)."""
     old: dict | None          # the object it replaced (None: it added one)
-    new: dict                 # the object now stored
+    new: dict                 # the object now stored (both: one field alone if asked `only`)
     echo_of: object           # the writer of the write this event brings back, or None
 
 
@@ -234,13 +234,15 @@ class Store:
         with self._lock:
             return self._stored_rv(self._visible_locked(key))
 
-    def built(self, stored: Iterable) -> Iterator[dict]:
+    def built(self, stored: Iterable, *, only: str | None = None) -> Iterator[dict]:
         """The objects that `replace(stored, prepared=True)` stored, built one at a
         time: stored forms (`prepare`'s answers) and dicts as replace takes them,
-        anything else skipped, as replace skips it."""
+        anything else skipped, as replace skips it. `only`: a packed object is
+        built with that top-level field alone (`{only: ...}`, or {} without it),
+        for a reader that needs nothing else (key mappers need "metadata")."""
         for item in stored:
             if self._compact and is_packed(item):
-                yield self._restore(item)
+                yield self._part(item, only)
             elif isinstance(item, dict):
                 yield self._restore(self.prepare(item)) if self._compact else item
 
@@ -338,16 +340,17 @@ class Store:
         change = self._upsert(obj, quiet=False)
         return change.old, change.new
 
-    def upsert_if_changed(self, obj: dict) -> Change | None:
+    def upsert_if_changed(self, obj: dict, *, only: str | None = None) -> Change | None:
         """`upsert` for a watch event: None when the object stored is the one it
         replaces apart from metadata.resourceVersion (a change only in fields the
         transform drops, such as the Deployment controller's revision annotation):
         whoever was told of that one has nothing new to learn, and nothing is built.
         Otherwise the Change, whose `echo_of` is the writer of our unobserved write
-        when this is the watch's copy of it (same resourceVersion, see end_write)."""
-        return self._upsert(obj, quiet=True)
+        when this is the watch's copy of it (same resourceVersion, see end_write).
+        `only`: the Change's objects are built with that field alone (see `built`)."""
+        return self._upsert(obj, quiet=True, only=only)
 
-    def _upsert(self, obj: dict, *, quiet: bool) -> Change | None:
+    def _upsert(self, obj: dict, *, quiet: bool, only: str | None = None) -> Change | None:
         key, rv = key_of(obj), _rv(obj)
         stored = self.prepare(obj)
         if self._compact:
@@ -373,8 +376,16 @@ class Store:
             self._observe_locked(key, rv)
         if quiet and old is not None and self._same_apart_from_version(old, stored):
             return None
-        return Change(None if old is None else self._restore(old),
-                      new if new is not None else self._restore(stored), echo_of)
+        if new is None or only is not None:
+            new = self._part(stored, only)
+        return Change(None if old is None else self._part(old, only), new, echo_of)
+
+    def _part(self, stored: object, only: str | None) -> dict:
+        """The stored form built whole, or with the field `only` alone (see `built`)."""
+        if only is None or not self._compact or not is_packed(stored):
+            return self._restore(stored)
+        part = stored[0].part_builder((only,))
+        return {} if part is None else {only: part(stored)}
 
     def _visible_locked(self, key: ObjectKey) -> object | None:
         """The stored form `get(key)` answers from: our unobserved write, or the cache's."""

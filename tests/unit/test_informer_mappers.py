@@ -82,6 +82,30 @@ def test_sync_replaces_enqueues_everything_and_resync_readds():
     assert inf.resync(resync) == 1 and resync.keys == [ObjectKey("ns", "c")]
 
 
+def test_a_relist_builds_only_the_metadata_when_every_mapper_reads_no_more():
+    seen = []
+
+    def recording(obj):
+        seen.append(sorted(obj))
+        return own_key(obj)
+
+    for flag, want in ((True, ["metadata"]), (False, ["metadata", "spec"])):
+        inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+        q = Queue()
+        recording.reads_metadata_only = flag
+        inf.add_handler(recording, q)
+        inf.add_handler(owner_key("My", "mine.jp"), Queue())
+        listed = dict(child(owner=MY), spec={"replicas": 1})
+        seen.clear()
+        inf._on_sync("ns", [inf.store.prepare(listed)])
+        assert seen == [want] and q.keys == [ObjectKey("ns", "c")]
+        changed = dict(listed, spec={"replicas": 2})       # an event: the old and the new
+        changed["metadata"] = dict(listed["metadata"], resourceVersion="2")
+        inf._on_event("MODIFIED", changed)
+        assert seen == [want] * 3
+    assert own_key.reads_metadata_only and owner_key("My", "mine.jp").reads_metadata_only
+
+
 def test_not_started_is_unhealthy_and_unsynced():
     inf = Informer(client=None, resource=DEPLOYMENTS)
     assert inf.is_healthy(now=0.0) == (False, "not started")

@@ -54,6 +54,23 @@ def test_a_leaf_is_read_without_unpacking():
     assert leaf(p, ("spec", "x")) is None
 
 
+def test_a_part_is_built_alone_by_its_layout():
+    value = {"a": 1, "metadata": {"name": "x", "refs": [{"k": "My"}], "e": {}}, "z": [1, {"q": 2}]}
+    p = pack(value)
+    layout = p[0]
+    for path in (("metadata",), ("metadata", "refs"), ("z",), ("a",), ("metadata", "e")):
+        want = value
+        for step in path:
+            want = want[step]
+        got = layout.part_builder(path)(p)
+        assert got == want
+        if isinstance(got, (dict, list)):
+            assert got is not want                      # a new copy
+    assert layout.part_builder(("nope",)) is None and layout.part_builder(("a", "b")) is None
+    digits = packed.seal([packed.MAP, "rv", packed.DIGITS, packed.END], [12])
+    assert digits[0].part_builder(("rv",))(digits) == "12"
+
+
 def test_same_apart_from_ignores_one_leaf_only():
     def meta(rv, name="a", labels=None):
         return pack({"metadata": {"name": name, "resourceVersion": rv, **(labels or {})}})

@@ -468,6 +468,17 @@ def test_built_gives_the_objects_of_stored_forms_one_at_a_time():
         assert [o["metadata"]["name"] for o in built] == ["b"]
 
 
+def test_built_can_build_one_top_level_field_alone():
+    s = Store()
+    full = obj("a", owner_uid="u1", labels={"x": "1"})
+    full["spec"] = {"replicas": 2}
+    items = [s.prepare(full), s.prepare({"spec": {}})]
+    got = list(s.built(items, only="metadata"))
+    assert got == [{"metadata": full["metadata"]}, {}]
+    got[0]["metadata"]["labels"]["x"] = "2"                 # a new copy, the reader's to edit
+    assert next(s.built(items[:1]))["metadata"]["labels"] == {"x": "1"}
+
+
 def test_an_upserted_object_is_filed_under_its_own_interned_name():
     from k8s_http import Projection
     from k8s_http.projection import Interner
