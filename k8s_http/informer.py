@@ -179,8 +179,7 @@ class Informer:
         # not watching is unknown, and the queue deduplicates. The listed objects
         # are built one at a time: all of them at once would be the whole list
         # as dicts again, the peak the packed store exists to avoid. When every
-        # mapper reads only metadata (own_key, owner_key), only that is built:
-        # at 30,000 objects a resource, building them whole was a tenth of start-up.
+        # mapper reads only metadata (own_key, owner_key), only that is built.
         for obj in self.store.built(items, only=self._mapped_part()):
             self._enqueue(obj)
         for obj in vanished:
@@ -206,8 +205,8 @@ class Informer:
 
     def _mapped_part(self) -> str | None:
         """"metadata" when every handler's mapper reads nothing else (own_key,
-        owner_key): the objects handed to them need no more built. At 30,000
-        objects a resource, building them whole was a tenth of start-up."""
+        owner_key): the objects handed to them need no more built (~5 us less per
+        Deployment event, and per My at a relist, measured offline)."""
         if self._handlers and all(getattr(mapper, "reads_metadata_only", False)
                                   for mapper, _ in self._handlers):
             return "metadata"

@@ -382,8 +382,8 @@ class Store:
 
     def _part(self, stored: object, only: str | None) -> dict:
         """The stored form built whole, or with the field `only` alone (see `built`)."""
-        if only is None or not self._compact or not is_packed(stored):
-            return self._restore(stored)
+        if only is None or not self._compact or not is_packed(stored) or stored[0].shape is None:
+            return self._restore(stored)        # (shape None: an object kept whole, see prepare)
         part = stored[0].part_builder((only,))
         return {} if part is None else {only: part(stored)}
 

@@ -477,6 +477,13 @@ def test_built_can_build_one_top_level_field_alone():
     assert got == [{"metadata": full["metadata"]}, {}]
     got[0]["metadata"]["labels"]["x"] = "2"                 # a new copy, the reader's to edit
     assert next(s.built(items[:1]))["metadata"]["labels"] == {"x": "1"}
+    # An object nested too deeply to pack is kept whole (one leaf): built whole.
+    deep: dict = {"x": 1}
+    for _ in range(3000):
+        deep = {"d": deep}
+    nested = dict(obj("deep"), spec=deep)
+    (whole,) = s.built([s.prepare(nested)], only="metadata")
+    assert whole["metadata"]["name"] == "deep"
 
 
 def test_an_upserted_object_is_filed_under_its_own_interned_name():
