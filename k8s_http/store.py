@@ -361,10 +361,10 @@ class Store:
             own = self._stored_key(stored)
             if own == key:
                 key = own
-        # Built now only when needed: the indexes read the object (and may raise,
-        # before anything has changed), and a plain upsert always returns it.
-        new = self._restore(stored) if self._indexers or not quiet else None
-        values = self._index_values(new) if self._indexers else {}
+        # Built before the lock only for the indexes, which read the object (and
+        # may raise, before anything has changed); otherwise after, if at all.
+        new = self._restore(stored) if self._indexers else None
+        values = self._index_values(new) if new is not None else {}
         with self._lock:
             written = self._written.get(key)
             echo_of = written[2] if written is not None and rv is not None and \
