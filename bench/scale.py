@@ -5,6 +5,8 @@
     python bench/scale.py --sizes 0,1000 --operators ours-w4,cr-w4 --idle-seconds 10   # smoke
     python bench/scale.py --sizes 0,1000,10000,30000,100000 --kopf-max-size 1000
     python bench/scale.py --from-json bench/results/scale-<date>.json   # markdown only
+    python bench/scaling/plane.py up /tmp/scale-plane     # a plane that outlives the run:
+    python bench/scale.py --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
 
 A local control plane (tests/support/controlplane.py through the convergence
 bench's BenchCluster: audit log for the writes) with the Deployment and
@@ -59,6 +61,7 @@ from convergence.operators import (OperatorProcess, OurOperator, KopfOperator,  
 from scaling import analysis, report  # noqa: E402
 from scaling import bare as bare_client  # noqa: E402
 from scaling.fleet import Fleet  # noqa: E402
+from scaling.plane import APISERVER_ARGS, plane_settings  # noqa: E402
 from tests.support import controlplane  # noqa: E402
 
 OPERATORS = ("ours-w4", "cr-w4", "kopf")
@@ -71,26 +74,6 @@ NAMESPACE = "scale-fleet"
 KOPF_NAMESPACE = "scale-kopf"
 RESULTS = HERE / "results"
 MARKDOWN = HERE / "RESULTS.scale.md"
-
-# The controllers kept: ownerReference cascades, namespaces, ServiceAccounts. Without
-# the Deployment and ReplicaSet controllers no ReplicaSet or Pod is made: the fleet is
-# My + Deployment + Service, and the control plane has nothing to do between runs.
-KCM_CONTROLLERS = tuple(c for c in controlplane.KCM_CONTROLLERS
-                        if c not in ("deployment-controller", "replicaset-controller"))
-# Room for 1,048,574 Services (the default /16 holds 65,534: not enough for 100,000 My).
-SERVICE_CIDR = "10.0.0.0/12"
-# etcd's quota for 100,000 My (~2.5 GB of keys with their history before compaction).
-ETCD_QUOTA_BYTES = 8 * 1024 ** 3
-
-
-def plane_settings() -> None:
-    """The control plane this bench needs, set where tests/support/controlplane.py reads
-    them when it starts etcd and kube-controller-manager (module constants: flags given
-    again would not do, --controllers is a list that repeats append to, and the first
-    mention of a controller wins)."""
-    controlplane.KCM_CONTROLLERS = KCM_CONTROLLERS
-    controlplane.ETCD_QUOTA_BYTES = ETCD_QUOTA_BYTES
-
 
 def log(message: str) -> None:
     print(f"[scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -253,6 +236,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="bench/scaling/bare.py's --mode: stream once issue 17a's "
                         "bench/scale_bare.py is there, else paged (default %(default)s)")
     p.add_argument("--threads", type=int, default=16, help="fleet-creating threads")
+    p.add_argument("--cluster-dir", type=Path, default=None,
+                   help="attach to the plane `python bench/scaling/plane.py up DIR` runs, and "
+                        "reuse (and grow) the fleet earlier runs left there")
     p.add_argument("--settle-seconds", type=float, default=10.0)
     p.add_argument("--idle-seconds", type=float, default=30.0)
     p.add_argument("--poll-seconds", type=float, default=0.25,
@@ -295,15 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     if "kopf" in args.operators:
         footprint.ensure_kopf_venv()
     work_dir = Path(tempfile.mkdtemp(prefix="my-controller-scale-"))
-    cluster = BenchCluster(work_dir,
-                           apiserver_args=(f"--service-cluster-ip-range={SERVICE_CIDR}",))
+    cluster = BenchCluster(work_dir, attach_dir=args.cluster_dir, apiserver_args=APISERVER_ARGS)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
     out = args.out or RESULTS / f"scale-{stamp}.json"
     data: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v)
                                for k, v in vars(args).items()},
                   "fleet": [], "bare": {}, "runs": {}}
     try:
-        log("starting the control plane (Deployment controller off)")
+        log("starting the control plane (Deployment controller off)" if args.cluster_dir is None
+            else f"attaching to the control plane in {args.cluster_dir}")
         cluster.start()
         cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
         cluster.create_namespace(NAMESPACE)
@@ -314,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
                                cluster, work_dir)
         fleet = Fleet(cluster.client, NAMESPACE, threads=args.threads, progress=log)
         kopf_fleet = Fleet(cluster.client, KOPF_NAMESPACE, threads=args.threads, progress=log)
+        if args.cluster_dir is not None:       # a fleet an earlier run grew there is reused
+            for each in (fleet, kopf_fleet):
+                log(f"fleet in {each.namespace}: {each.discover():,} My found")
+            if fleet.size > args.sizes[0]:
+                raise SystemExit(f"--sizes: the fleet in {args.cluster_dir} already has "
+                                 f"{fleet.size:,} My, more than {args.sizes[0]:,} (it only grows)")
         for turn, size in enumerate(args.sizes):
             log(f"fleet: growing to {size:,} My")
             growth = fleet.grow_to(size)

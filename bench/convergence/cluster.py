@@ -42,6 +42,7 @@ BENCH_USER_AGENT = "my-controller-bench/converge"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 OPERATOR_USER = "admin"          # the operators run with the admin kubeconfig
 MY = Resource("mine.jp", "v1", "my", True, "My")
+AUDIT_LOG = "audit.log"            # in the audit_dir of bench_control_plane
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 
 AUDIT_POLICY = {
@@ -73,16 +74,19 @@ def proc_cpu_seconds(pid: int) -> float:
 
 
 def bench_control_plane(audit_dir: Path, *, apiserver_args: tuple[str, ...] = (),
-                        controller_manager_args: tuple[str, ...] = ()) -> ControlPlane:
-    """The project's control plane (state in a temp dir), with an apiserver audit log for
-    counting requests and a faster controller-manager. Extra flags come after the
-    defaults, so they override them (the last occurrence of a flag wins)."""
+                        controller_manager_args: tuple[str, ...] = (),
+                        state_dir: Path | None = None) -> ControlPlane:
+    """The project's control plane (state in `state_dir`, default a temp dir), with an
+    apiserver audit log (audit_dir/audit.log) for counting requests and a faster
+    controller-manager. Extra flags come after the defaults, so they override them
+    (the last occurrence of a flag wins)."""
     policy = audit_dir / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     return ControlPlane(
+        state_dir,
         apiserver_args=[
             f"--audit-policy-file={policy}",
-            f"--audit-log-path={audit_dir / 'audit.log'}",
+            f"--audit-log-path={audit_dir / AUDIT_LOG}",
             "--audit-log-format=json",
             "--audit-log-mode=blocking",   # written before the response: counts are exact
             "--audit-log-maxsize=0",       # never rotated under us
@@ -212,12 +216,16 @@ class BenchCluster:
             if self.plane is None:
                 raise ControlPlaneError(f"no control plane serving in {self.attach_dir}: start "
                                         "one with `python -m tests.support.controlplane up`")
-            self.counter = ApiserverMetrics(self.plane.server, self.plane.admin_ssl_context())
+            # A plane the bench's own supervisor runs (bench/scaling/plane.py) keeps an
+            # audit log beside its state: exact counts, as on a plane started here.
+            audit = self.attach_dir / AUDIT_LOG
+            self.counter = (AuditLog(audit) if audit.exists() else
+                            ApiserverMetrics(self.plane.server, self.plane.admin_ssl_context()))
         else:
             self.plane = bench_control_plane(self.work_dir, **self.extra_args)  # removed by stop()
             self.plane.start()
             self.started_here = True
-            self.counter = AuditLog(self.work_dir / "audit.log")
+            self.counter = AuditLog(self.work_dir / AUDIT_LOG)
         config = load_config(str(self.kubeconfig))
         # Enough pooled connections for the load generator's threads.
         self.client = ApiClient.from_config(config, user_agent=BENCH_USER_AGENT, pool_size=32)

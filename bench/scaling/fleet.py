@@ -110,6 +110,19 @@ class Fleet:
         self.size = 0
         self.progress = progress or (lambda message: None)
 
+    def discover(self) -> int:
+        """Take over the fleet an earlier run left in the namespace (a plane that
+        outlives runs: bench/scaling/plane.py); returns its size. The last `threads`
+        `My` may have been cut short by an interrupted run: they are made again
+        (each step of make_converged is idempotent) by the next grow_to."""
+        names = {item["metadata"]["name"]
+                 for item in self.client.list(MY, namespace=self.namespace)["items"]}
+        size = 0
+        while fleet_name(size) in names:
+            size += 1
+        self.size = max(0, size - self.threads)
+        return size
+
     def grow_to(self, target: int) -> Growth:
         if target <= self.size:
             return Growth(0, 0.0)

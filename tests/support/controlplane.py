@@ -54,7 +54,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -1028,8 +1028,12 @@ def read_state(state_dir: str | os.PathLike) -> dict | None:
 
 # --------------------------------------------------------------------------- CLI
 
-def _serve_forever(state_dir: Path) -> int:
+def _serve_forever(state_dir: Path, make_plane: Callable[[Path], "ControlPlane"] | None = None
+                   ) -> int:
     """The supervisor: start a plane, keep it until SIGINT/SIGTERM, then stop it.
+
+    `make_plane(state_dir)` builds it (default: `ControlPlane(state_dir)`), for
+    a supervised plane with other flags (bench/scaling/plane.py).
 
     SIGUSR1 kills kube-apiserver and SIGUSR2 starts it again: how attached
     test sessions inject faults into a plane they do not own. The handlers
@@ -1040,7 +1044,7 @@ def _serve_forever(state_dir: Path) -> int:
     requests: queue.SimpleQueue = queue.SimpleQueue()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, lambda s, _f: requests.put(s))
-    plane = ControlPlane(state_dir)
+    plane = (make_plane or ControlPlane)(state_dir)
     try:
         plane._prepare_dirs()
         plane._write_state("starting")
@@ -1076,7 +1080,9 @@ def _serve_forever(state_dir: Path) -> int:
     return 0
 
 
-def _cmd_up(state_dir: Path) -> int:
+def _cmd_up(state_dir: Path, run_argv: list[str] | None = None) -> int:
+    """Start the supervisor detached (`run_argv`: its command, default this module's
+    `run`) and wait until its plane is ready."""
     plane = ControlPlane.attach(state_dir)
     if plane is not None:
         _log(f"already running (supervisor pid {plane._supervisor_pid})")
@@ -1093,7 +1099,8 @@ def _cmd_up(state_dir: Path) -> int:
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     with open(state_dir / "supervisor.log", "ab") as log:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.controlplane", "--dir", str(state_dir), "run"],
+            run_argv or [sys.executable, "-m", "tests.support.controlplane",
+                         "--dir", str(state_dir), "run"],
             cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)      # detached: survives this shell and its Ctrl-C
     deadline = time.monotonic() + ETCD_READY_TIMEOUT_SECONDS + APISERVER_READY_TIMEOUT_SECONDS \
