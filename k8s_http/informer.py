@@ -8,6 +8,7 @@ deduplicates them. Handlers never see event types: reconciles are level-based.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
@@ -186,10 +187,8 @@ class Informer:
         # are built one at a time: all of them at once would be the whole list
         # as dicts again, the peak the packed store exists to avoid. When every
         # mapper reads only metadata (own_key, owner_key), only that is built.
-        for obj in self.store.built(items, only=self._mapped_part):
-            self._enqueue(obj)
-        for obj in vanished:
-            self._enqueue(obj)
+        self._enqueue_all(itertools.chain(self.store.built(items, only=self._mapped_part),
+                                          vanished))
 
     def _on_event(self, type_: str, obj: dict) -> None:
         if type_ == "DELETED":
@@ -208,6 +207,22 @@ class Informer:
         writer = change.echo_of
         skip = writer if isinstance(writer, tuple) and len(writer) == 2 else None
         self._enqueue(change.new, change.old, skip=skip)
+
+    def _enqueue_all(self, objs: Iterable[dict]) -> None:
+        """The keys of all `objs` to every handler's queue, a queue with `add_many`
+        (WorkQueue) taking them in one call: a relist's tens of thousands of keys
+        cost one lock and one wake-up per queue instead of one each."""
+        found: list[list[ObjectKey]] = [[] for _ in self._handlers]
+        for obj in objs:
+            for (mapper, _), keys in zip(self._handlers, found):
+                keys.extend(self._keys(mapper, obj))
+        for (_, queue), keys in zip(self._handlers, found):
+            add_many = getattr(queue, "add_many", None)
+            if add_many is not None:
+                add_many(keys)
+            else:
+                for key in keys:
+                    queue.add(key)
 
     def _enqueue(self, *objs: dict | None, skip: tuple[object, ObjectKey] | None = None
                  ) -> None:

@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Iterable
 
 from .backoff import RateLimiter, default_controller_rate_limiter
 from .metrics import Metrics
@@ -121,6 +121,22 @@ class _Queue:
         with self._lock:
             if not self._shutting_down:
                 self._add_locked(key, self._clock())
+
+    def add_many(self, keys: Iterable[Hashable]) -> None:
+        """add() each of `keys`, holding the lock once: a relist queues thousands of
+        keys at once, and a lock, a depth update and a wake-up per key were most of
+        their cost. Getters are woken once, all of them."""
+        with self._lock:
+            if self._shutting_down:
+                return
+            now = self._clock()
+            added = 0
+            for key in keys:
+                added += self._add_locked(key, now, wake=False)
+            if added:
+                self._m_adds.inc(added)
+                self._m_depth.set(self._depth_locked())
+                self._ready.notify_all()
 
     def get(self, timeout_seconds: float | None = None) -> tuple[Hashable | None, bool]:
         """Take the next key: ``(key, False)``.
@@ -235,20 +251,24 @@ class _Queue:
 
     # -- internals ----------------------------------------------------------
 
-    def _add_locked(self, key: Hashable, now: float) -> None:
+    def _add_locked(self, key: Hashable, now: float, *, wake: bool = True) -> bool:
+        """Whether `key` was added (not already queued). `wake=False`: the caller
+        counts the adds, updates the depth and wakes a getter itself."""
         if key in self._dirty:
-            return              # already queued, or queued again at done()
+            return False        # already queued, or queued again at done()
         self._dirty.add(key)
         self._added_at[key] = now
-        self._m_adds.inc()
-        if key in self._processing:
-            return              # done() will queue it: never two workers on one key
-        self._line_up_locked(key)
+        if wake:
+            self._m_adds.inc()
+        if key not in self._processing:     # else done() queues it: never two workers on one key
+            self._line_up_locked(key, wake=wake)
+        return True
 
-    def _line_up_locked(self, key: Hashable) -> None:
+    def _line_up_locked(self, key: Hashable, *, wake: bool = True) -> None:
         (self._first if key in self._priority else self._queue).append(key)
-        self._m_depth.set(self._depth_locked())
-        self._ready.notify()
+        if wake:
+            self._m_depth.set(self._depth_locked())
+            self._ready.notify()
 
     def _prioritise_locked(self, key: Hashable, priority: int) -> None:
         """Promise `key` a place in the first line until it is next handed out."""

@@ -206,3 +206,44 @@ def test_a_write_without_a_writer_or_a_later_version_tells_every_handler():
         before = len(own.keys)
         inf._on_event("MODIFIED", mine)
         assert own.keys[before:] == [ObjectKey("ns", "c")]
+
+
+def test_a_relist_hands_a_work_queue_all_its_keys_in_one_add_many():
+    from k8s_http.workqueue import WorkQueue
+
+    class CountingQueue(WorkQueue):
+        def __init__(self):
+            super().__init__("q")
+            self.calls = []
+
+        def add(self, key):
+            self.calls.append("add")
+            super().add(key)
+
+        def add_many(self, keys):
+            self.calls.append("add_many")
+            super().add_many(keys)
+
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    own, owners, plain = CountingQueue(), CountingQueue(), Queue()
+    inf.add_handler(own_key, own)
+    inf.add_handler(owner_key("My", "mine.jp"), owners)
+    inf.add_handler(owner_key("My", "mine.jp"), plain)          # add() only: one call per key
+    inf._on_event("ADDED", dict(child(owner=dict(MY, name="gone")),
+                                metadata={"name": "old", "namespace": "ns",
+                                          "resourceVersion": "1",
+                                          "ownerReferences": [dict(MY, name="gone")]}))
+    for queue in (own, owners):             # the event's key, handed out and done
+        queue.done(queue.get(0)[0])
+        queue.calls.clear()
+    plain.keys.clear()
+    listed = [child(owner=dict(MY, name=f"o{i}")) for i in range(3)]
+    for i, obj in enumerate(listed):
+        obj["metadata"]["name"] = f"c{i}"
+    inf._on_sync("ns", [inf.store.prepare(obj) for obj in listed])
+    assert own.calls == ["add_many"] and owners.calls == ["add_many"]
+    taken = [own.get(0)[0] for _ in range(4)]
+    assert taken == [ObjectKey("ns", f"c{i}") for i in range(3)] + [ObjectKey("ns", "old")]
+    assert [owners.get(0)[0] for _ in range(4)] == \
+        [ObjectKey("ns", f"o{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
+    assert plain.keys == [ObjectKey("ns", f"o{i}") for i in range(3)] + [ObjectKey("ns", "gone")]

@@ -111,6 +111,37 @@ def test_ten_thousand_adds_while_processing_make_one_more_pass(clock):
                                      {"name": "q", "controller": "q"}) == 2
 
 
+def test_add_many_is_add_of_each_key_in_one_call(clock):
+    registry = CollectorRegistry()
+    q = WorkQueue("q", clock=clock, metrics=Metrics(registry))
+    q.add("b")
+    q.add("busy")
+    assert take(q) == "b"                       # being processed
+    q.add_many(["a", "b", "a", "c", "busy"])    # "busy" is queued already
+    assert sample(registry, "workqueue_adds_total") == 5         # busy, b, a, b (again), c
+    assert sample(registry, "workqueue_depth") == 3               # busy, a, c; b waits for done
+    q.done("b")
+    assert drain(q) == ["busy", "a", "c", "b"]
+    q.add_many([])
+    assert sample(registry, "workqueue_adds_total") == 5
+
+
+def test_add_many_wakes_every_blocked_getter(clock):
+    q = WorkQueue("q", clock=clock)
+    getters = [start_getter(q) for _ in range(3)]
+    q.add_many(["a", "b", "c"])
+    for thread, _ in getters:
+        thread.join(10)
+    assert sorted(box[0][0] for _, box in getters) == ["a", "b", "c"]
+
+
+def test_add_many_after_shutdown_is_ignored(clock):
+    q = WorkQueue("q", clock=clock)
+    q.shutdown(drain=False)
+    q.add_many(["a"])
+    assert q.get(timeout_seconds=0) == (None, True)
+
+
 # -- add_after ---------------------------------------------------------------------------
 
 def test_add_after_is_ready_at_its_due_time(clock):
