@@ -41,6 +41,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
+from .packcode import compile_packer
 from .packed import DIGITS, END, LEAF, LIST, MAP, digits_as_int, seal
 
 __all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
@@ -164,6 +165,21 @@ def _compile(keep: Iterable[Path], distinct: Iterable[Path],
     return tree
 
 
+def _list_nodes(tree: dict, paths: Iterable[Path]) -> set[int]:
+    """The ids of the subtrees of `tree` that `paths` declare as lists ("containers[]")."""
+    found: set[int] = set()
+    for path in paths:
+        node: object = tree
+        for part in (path.split(".") if isinstance(path, str) else path):
+            name = part[:-2] if part.endswith("[]") else part
+            node = node.get(name) if node.__class__ is dict else None
+            if node.__class__ is not dict:
+                break
+            if part.endswith("[]"):
+                found.add(id(node))
+    return found
+
+
 class Projection:
     """A Store transform keeping only `keep` paths (see the module docstring)."""
 
@@ -182,6 +198,12 @@ class Projection:
                               distinct + [p for p in implicit if p == _RESOURCE_VERSION],
                               repeated)
         self._interner = interner
+        # The packing walk compiled for this declaration (k8s_http.packcode); None
+        # when too deep to compile, and then `_pack_node` walks the tree itself.
+        self._packer = compile_packer(
+            self._tree, _list_nodes(self._tree, keep + distinct + repeated),
+            distinct_marker=_DISTINCT, repeated_marker=_REPEATED, tokens=(MAP, LIST, END, LEAF),
+            walk=self._pack_node, whole=self._pack_whole, distinct=self._pack_distinct)
 
     def _bound_intern(self) -> Callable[[str, str], str]:
         return self._interner.bound() if self._interner is not None else _keep_as_is
@@ -197,7 +219,12 @@ class Projection:
         `unpack(self.pack(obj)) == self(obj)`, without building the projected dicts."""
         leaves: list = []
         signature: list = []
-        self._pack_node(obj, self._tree, self._bound_intern(), leaves.append, signature.append)
+        if self._packer is not None:
+            self._packer(obj, self._bound_intern(), self._repeated_intern(), leaves.append,
+                         signature.append)
+        else:
+            self._pack_node(obj, self._tree, self._bound_intern(), leaves.append,
+                            signature.append)
         return seal(signature, leaves)
 
     def guarded(self, obj: dict) -> dict:

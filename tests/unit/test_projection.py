@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from k8s_http import DroppedFieldRead, Projection
 from k8s_http.projection import Interner
@@ -252,3 +254,72 @@ def test_a_distinct_string_is_never_shared_even_when_seen_again():
     assert seen[0] == seen[1] == seen[2] == "9fc3"
     assert seen[0] is not seen[1] and seen[1] is not seen[2]
     assert "9fc3" not in interner._table
+
+
+# ---- the compiled packing walk (k8s_http.packcode) against the generic one
+
+def _walked(projection: Projection, obj: dict) -> tuple[list, list]:
+    leaves: list = []
+    signature: list = []
+    projection._pack_node(obj, projection._tree, projection._bound_intern(), leaves.append,
+                          signature.append)
+    return leaves, signature
+
+
+def _compiled(projection: Projection, obj: dict) -> tuple[list, list]:
+    leaves: list = []
+    signature: list = []
+    projection._packer(obj, projection._bound_intern(), projection._repeated_intern(),
+                       leaves.append, signature.append)
+    return leaves, signature
+
+
+# Values shaped like a Deployment under PROJECTION and WILD, with the wrong shape
+# now and then: a list where a map was declared, a map where a list was, a string,
+# a dict subclass, keys the declaration does not name.
+_NAMES = st.sampled_from(["metadata", "name", "labels", "spec", "template", "containers",
+                          "image", "env", "status", "conditions", "message", "type",
+                          "annotations", "mine.jp/config-hash", "resourceVersion", "x"])
+
+
+class _Sub(dict):
+    pass
+
+
+_LEAVES = st.none() | st.booleans() | st.integers() | st.text(max_size=3) | \
+    st.sampled_from(["12", "007", "msg a", "msg a"])
+_VALUES = st.recursive(
+    _LEAVES,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_NAMES, inner, max_size=5)
+    | st.dictionaries(_NAMES, inner, max_size=3).map(_Sub),
+    max_leaves=30)
+WILD = Projection(["metadata.labels.*", "spec.*.containers[].image", "spec.x[].x[].name",
+                   "status.conditions[].message", "metadata.resourceVersion"],
+                  distinct=["metadata.resourceVersion"],
+                  repeated=["status.conditions[].message"], interner=Interner())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_NAMES, _VALUES, max_size=6))
+def test_the_compiled_walk_packs_exactly_as_the_generic_walk(obj):
+    for projection in (PROJECTION, WILD):
+        assert projection._packer is not None
+        assert _compiled(projection, obj) == _walked(projection, obj)
+
+
+def test_the_compiled_walk_packs_a_real_object_as_the_generic_walk():
+    for obj in (deployment(), _odd_shapes(), {}):
+        assert _compiled(PROJECTION, obj) == _walked(PROJECTION, obj)
+
+
+def test_a_declaration_too_deep_to_compile_is_packed_by_the_generic_walk():
+    from k8s_http import packcode
+    from k8s_http.packed import unpack
+    deep = ".".join(f"k{i}" for i in range(packcode.MAX_DEPTH + 3))
+    projection = Projection([deep], interner=Interner())
+    assert projection._packer is None
+    obj: dict = {}
+    node = obj
+    for i in range(packcode.MAX_DEPTH + 3):
+        node = node.setdefault(f"k{i}", {})
+    assert unpack(projection.pack(obj)) == projection(obj)
