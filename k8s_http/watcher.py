@@ -295,6 +295,8 @@ class Sleep:
     """Wait for the next backoff delay (interruptible by stop)."""
 
 
+_PROGRESS = Progress()                  # no fields: one instance serves every event
+
 Action = Union[List, Watch, StreamList, Replace, Collect, ReplaceCollected, FallBack, Deliver,
                Progress, Restart, ListError, Skip, Sleep]
 
@@ -412,7 +414,7 @@ def _step_event(state: Watching, inp: Event) -> tuple[list[Action], State]:
         return [Progress()], Watching(new_rv, 0, True, stream=state.stream)
     if not meta.get("name"):
         return [Skip("no_name")], state
-    return [Deliver(inp.type, obj), Progress()], Watching(new_rv, 0, True, stream=state.stream)
+    return [Deliver(inp.type, obj), _PROGRESS], Watching(new_rv, 0, True, stream=state.stream)
 
 
 def _step_streaming(state: Streaming, inp: Input) -> tuple[list[Action], State]:
@@ -465,7 +467,9 @@ def _step_initial_event(state: Streaming, inp: Event) -> tuple[list[Action], Sta
         return _fall_back(state, f"a {inp.type} event came among the initial events")
     if not meta.get("name"):
         return [Skip("no_name")], state
-    return ([Collect(inp.object), Progress()],
+    # After the first event the state no longer changes: no new one per event.
+    return ([Collect(inp.object), _PROGRESS],
+            state if state.progressed else
             Streaming(state.resource_version, state.failures, True, stalls=state.stalls))
 
 
@@ -634,26 +638,25 @@ class Watcher:
         Effects come first in every action list, then Sleep, then the I/O.
         """
         for action in actions:
-            if isinstance(action, (Sleep, List, Watch, StreamList)):
-                self._state = next_state
-            if isinstance(action, (Sleep, List, StreamList)):
-                self._collected = []       # a list starts afresh: drop a partial set now
+            # The state moves before any wait or I/O (Sleep, List, Watch, StreamList),
+            # and a list starts afresh: a partial set is dropped before it.
+            # The cases of every event come first: they are nearly all of them.
             match action:
+                case Collect(object=obj):
+                    self._collected.append(self._list_transform(obj) if self._list_transform
+                                           else obj)
+                case Progress():
+                    self.last_progress = self._clock()
                 case Deliver(type=type_, object=obj):
                     self._deliver(type_, obj)
                 case Replace(items=items):
                     self._replace(items)
-                case Collect(object=obj):
-                    self._collected.append(self._list_transform(obj) if self._list_transform
-                                           else obj)
                 case ReplaceCollected():
                     items, self._collected = self._collected, []
                     self._replace(items)
                 case FallBack(reason=reason, error=error):
                     self._collected = []
                     self._fell_back(reason, error)
-                case Progress():
-                    self.last_progress = self._clock()
                 case Restart(reason=reason, error=error):
                     if reason != "timeout":
                         self.last_retry = self._clock()
@@ -664,14 +667,18 @@ class Watcher:
                 case Skip(kind=kind):
                     self._metrics.watch_decode_errors_total.labels(self._label, kind).inc()
                 case Sleep():
+                    self._state, self._collected = next_state, []
                     delay = self._backoff.next_delay()
                     log.debug("%s: backing off %.1f s", self, delay)
                     stop.wait(delay)
                 case List(resource_version=rv):
+                    self._state, self._collected = next_state, []
                     return None if stop.is_set() else self._list(rv)
                 case Watch(resource_version=rv):
+                    self._state = next_state
                     return None if stop.is_set() else self._open_watch(rv)
                 case StreamList(resource_version=rv):
+                    self._state, self._collected = next_state, []
                     if stop.is_set():
                         return None
                     self._metrics.informer_relists_total.labels(self._label).inc()
