@@ -246,3 +246,24 @@ def test_bare_client_is_paged_until_the_streaming_helper_is_importable(monkeypat
     finally:
         monkeypatch.delitem(sys.modules, "scale_bare")
         importlib.reload(bare)
+
+
+def test_a_reused_fleet_is_taken_over_and_its_last_threads_are_made_again():
+    from scaling.fleet import Fleet
+
+    class Listing:
+        def __init__(self, names):
+            self.names = names
+
+        def list(self, resource, *, namespace):
+            assert namespace == "ns"
+            return {"items": [{"metadata": {"name": n}} for n in self.names]}
+
+    # s-000000 .. s-000099, then a gap: only the unbroken run from 0 counts.
+    names = [fleet_name(i) for i in range(100)] + [fleet_name(150), "someone-elses"]
+    fleet = Fleet(Listing(names), "ns", threads=16)
+    assert fleet.discover() == 100
+    assert fleet.size == 84                 # the last 16 may have been cut short: made again
+    assert Fleet(Listing([]), "ns", threads=16).discover() == 0
+    small = Fleet(Listing([fleet_name(0)]), "ns", threads=16)
+    assert small.discover() == 1 and small.size == 0
