@@ -352,7 +352,15 @@ class Store:
 
     def _upsert(self, obj: dict, *, quiet: bool, only: str | None = None) -> Change | None:
         key, rv = key_of(obj), _rv(obj)
-        stored = self.prepare(obj)
+        # The watch's copy of our own write (the resourceVersion of the answer
+        # end_write kept) is that answer: stored already, it is not projected
+        # again. (A lock-free peek: whatever _written holds by the time the lock
+        # is taken, the object at that resourceVersion is the same.)
+        written = self._written.get(key)
+        if written is not None and rv is not None and rv == self._stored_rv(written[1]):
+            stored = written[1]
+        else:
+            stored = self.prepare(obj)
         if self._compact:
             # The stored object's own name and namespace (a projection interned
             # them) are what the store files it under: the decoded event's

@@ -1,5 +1,6 @@
 """Store: keys, indexes kept on every write, transform, atomic replace."""
 
+import copy
 import threading
 
 import pytest
@@ -325,6 +326,23 @@ def test_the_watchs_copy_of_our_write_names_its_writer():
     again = obj("a", rv="6")
     again["spec"] = {"replicas": 5}
     assert store.upsert_if_changed(again).echo_of is None     # the watch speaks again
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_the_watchs_copy_of_our_write_is_not_prepared_again(compact):
+    store = Store(compact=compact)
+    store.upsert(obj("a", rv="1"))
+    written = obj("a", rv="4")
+    written["spec"] = {"replicas": 2}
+    store.end_write(store.begin_write(), written, base=obj("a", rv="1"), writer="me")
+    prepared = []
+    real = store.prepare
+    store.prepare = lambda o: prepared.append(o) or real(o)
+    change = store.upsert_if_changed(copy.deepcopy(written))
+    assert change.echo_of == "me" and change.new == written and prepared == []
+    assert store.get(ObjectKey("default", "a")) == written
+    other = obj("a", rv="5")
+    assert store.upsert_if_changed(other).new == other and prepared == [other]
 
 
 def test_a_delete_or_a_relist_drops_an_unobserved_write():
