@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from .allocator import TrimAfterBursts, limit_arenas
+from .gctuning import CacheFill
 from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError
@@ -179,6 +180,8 @@ class Manager:
         self._started_at = 0.0
         self._synced_lock = threading.Lock()
         self._synced_logged = False      # "caches synced" is logged once (guarded by _synced_lock)
+        # The garbage collector while the caches fill, and frozen once they have (gctuning.py).
+        self._cache_fill = CacheFill()
         self._exit_code = 0
         self._signals_received = 0
 
@@ -337,6 +340,7 @@ class Manager:
             if self._synced_logged or not self._caches_synced():
                 return
             self._synced_logged = True
+        self._cache_fill.end()
         log.info("caches synced; starting workers", extra={
             "seconds_since_start": round(self._clock() - self._started_at, 3),
             "objects": {str(i.resource): len(i.store) for i in self._informers.values()}})
@@ -389,6 +393,7 @@ class Manager:
         if "MALLOC_ARENA_MAX" not in os.environ:
             limit_arenas(MALLOC_ARENAS)
         self._start_servers()
+        self._cache_fill.begin()
         for informer in self._informers.values():
             informer.start()
         if self._elector is not None:
@@ -475,6 +480,7 @@ class Manager:
         if not first:
             self._stopped.wait(self.graceful_shutdown_timeout_seconds + 5)
             return self._exit_code
+        self._cache_fill.end(freeze=False)     # synced or not: the thresholds are put back
         log.info("stopping: draining in-flight reconciles (up to %.0f s)",
                  self.graceful_shutdown_timeout_seconds)
         for controller in self._controllers:
