@@ -213,7 +213,13 @@ class Store:
     def _stored_key(self, stored: object) -> ObjectKey:
         if not self._compact:
             return key_of(stored)
-        return ObjectKey(leaf(stored, _NAMESPACE) or "", leaf(stored, _NAME) or "")
+        layout = stored[0]
+        if layout.shape is None:                # kept whole (see prepare)
+            return ObjectKey(leaf(stored, _NAMESPACE) or "", leaf(stored, _NAME) or "")
+        # leaf() inlined: every event and every listed object comes here.
+        namespace, name = layout.index_of(_NAMESPACE), layout.index_of(_NAME)
+        return ObjectKey("" if namespace is None else layout.leaf(stored, namespace) or "",
+                         "" if name is None else layout.leaf(stored, name) or "")
 
     def _stored_rv(self, stored: object | None) -> str | None:
         if stored is None or not self._compact:
@@ -245,6 +251,15 @@ class Store:
                 yield self._part(item, only)
             elif isinstance(item, dict):
                 yield self._restore(self.prepare(item)) if self._compact else item
+
+    def keys_of(self, stored: Iterable) -> Iterator[ObjectKey]:
+        """The keys `replace(stored, prepared=True)` filed `stored` under, in order,
+        for what `built` would build, without building anything."""
+        for item in stored:
+            if self._compact and is_packed(item):
+                yield self._stored_key(item)
+            elif isinstance(item, dict):
+                yield key_of(item)
 
     def list(self) -> list[dict]:
         with self._lock:

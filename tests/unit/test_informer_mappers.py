@@ -247,3 +247,35 @@ def test_a_relist_hands_a_work_queue_all_its_keys_in_one_add_many():
     assert [owners.get(0)[0] for _ in range(4)] == \
         [ObjectKey("ns", f"o{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
     assert plain.keys == [ObjectKey("ns", f"o{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
+
+
+def test_a_relist_for_own_key_handlers_only_builds_nothing():
+    from k8s_http.workqueue import WorkQueue
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"],
+                   transform=Projection(["metadata.name"]))
+    one, two = WorkQueue("one"), WorkQueue("two")
+    inf.add_handler(own_key, one)
+    inf.add_handler(own_key, two)
+    inf._on_event("ADDED", dict(child(), metadata={"name": "gone", "namespace": "ns",
+                                                   "resourceVersion": "1"}))
+    for queue in (one, two):
+        queue.done(queue.get(0)[0])
+
+    def no_building(*args, **kwargs):
+        raise AssertionError("built")
+
+    inf.store.built = no_building
+    listed = [dict(child(), metadata={"name": f"c{i}", "namespace": "ns", "resourceVersion": "2"})
+              for i in range(3)]
+    inf._on_sync("ns", [inf.store.prepare(obj) for obj in listed] + ["not an object"])
+    expected = [ObjectKey("ns", f"c{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
+    for queue in (one, two):
+        assert [queue.get(0)[0] for _ in range(4)] == expected
+
+
+def test_the_store_reads_the_keys_of_stored_forms_without_building_them():
+    from k8s_http.store import Store
+    for compact in (True, False):
+        store = Store(compact=compact)
+        stored = [store.prepare(child(ns=f"n{i}")) for i in range(2)] + [42]
+        assert list(store.keys_of(stored)) == [ObjectKey("n0", "c"), ObjectKey("n1", "c")]
