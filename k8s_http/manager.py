@@ -41,13 +41,13 @@ from typing import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from .allocator import TrimAfterBursts, limit_arenas
-from .gctuning import CacheFill
 from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError
 from .configerror import setting
 from .deletionwatch import DeletionWatches
 from .events import EventRecorder
+from .gctuning import CacheFill
 from .informer import Informer, own_key, owner_key
 from .leader import LeaderElector
 from .log import reconcile_context
