@@ -213,13 +213,7 @@ class Store:
     def _stored_key(self, stored: object) -> ObjectKey:
         if not self._compact:
             return key_of(stored)
-        layout = stored[0]
-        if layout.shape is None:                # kept whole (see prepare)
-            return ObjectKey(leaf(stored, _NAMESPACE) or "", leaf(stored, _NAME) or "")
-        # leaf() inlined: every event and every listed object comes here.
-        namespace, name = layout.index_of(_NAMESPACE), layout.index_of(_NAME)
-        return ObjectKey("" if namespace is None else layout.leaf(stored, namespace) or "",
-                         "" if name is None else layout.leaf(stored, name) or "")
+        return ObjectKey(leaf(stored, _NAMESPACE) or "", leaf(stored, _NAME) or "")
 
     def _stored_rv(self, stored: object | None) -> str | None:
         if stored is None or not self._compact:

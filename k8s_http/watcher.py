@@ -295,7 +295,7 @@ class Sleep:
     """Wait for the next backoff delay (interruptible by stop)."""
 
 
-_PROGRESS = Progress()                  # no fields: one instance serves every event
+_PROGRESS = Progress()                  # no fields: one instance serves every transition
 
 Action = Union[List, Watch, StreamList, Replace, Collect, ReplaceCollected, FallBack, Deliver,
                Progress, Restart, ListError, Skip, Sleep]
@@ -336,7 +336,7 @@ def _step_listing(state: Listing, inp: Input) -> tuple[list[Action], State]:
             # A list without a resourceVersion cannot be watched from: malformed.
             err = ProtocolError("list response has no metadata.resourceVersion")
             return [ListError("protocol", err), Sleep(), List(rv)], state
-        return ([Replace(inp.items), Progress(), Watch(inp.resource_version)],
+        return ([Replace(inp.items), _PROGRESS, Watch(inp.resource_version)],
                 Watching(inp.resource_version))
     if isinstance(inp, Failed):
         if inp.reason in ("gone", "too_large_rv") and rv != "":
@@ -356,7 +356,7 @@ def _step_watching(state: Watching, inp: Input) -> tuple[list[Action], State]:
         # counts as a failure, so a server that closes every watch at once cannot
         # make us spin.
         failures = 0 if state.progressed else state.failures + 1
-        actions: list[Action] = [Restart("timeout"), Progress()]
+        actions: list[Action] = [Restart("timeout"), _PROGRESS]
         if failures >= 2:
             actions.append(Sleep())
         return actions + [Watch(rv)], Watching(rv, failures, stalls=state.stalls,
@@ -411,7 +411,7 @@ def _step_event(state: Watching, inp: Event) -> tuple[list[Action], State]:
     meta = obj["metadata"]
     new_rv = meta["resourceVersion"]
     if inp.type == "BOOKMARK":
-        return [Progress()], Watching(new_rv, 0, True, stream=state.stream)
+        return [_PROGRESS], Watching(new_rv, 0, True, stream=state.stream)
     if not meta.get("name"):
         return [Skip("no_name")], state
     return [Deliver(inp.type, obj), _PROGRESS], Watching(new_rv, 0, True, stream=state.stream)
@@ -458,7 +458,7 @@ def _step_initial_event(state: Streaming, inp: Event) -> tuple[list[Action], Sta
         if isinstance(annotations, dict) and annotations.get(INITIAL_EVENTS_END) == "true":
             # The set is complete and consistent at new_rv: swap it in, and the
             # same stream goes on as the watch from there.
-            return ([ReplaceCollected(), Progress()],
+            return ([ReplaceCollected(), _PROGRESS],
                     Watching(new_rv, 0, True, stream=True))
         # A streaming apiserver sends no other bookmark before this one.
         return _fall_back(state, "a bookmark came before the initial-events-end bookmark")
