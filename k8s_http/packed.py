@@ -28,7 +28,9 @@ Invariants:
     in the answer is new: readers may edit what they get, the packed form is a
     tuple and cannot be edited;
   * layouts are shared through a bounded table (emptied when full, as the
-    Interner is: objects keep the layouts they have);
+    Interner is: objects keep the layouts they have), keyed by signature; a
+    packer with a signature of its own (Projection's compiled walk, see
+    k8s_http.packcode) gives the shape itself the first time (`seal(..., shape_of)`);
   * a layout builds its objects with a function compiled from its shape, whose
     source is made only of subscripts into the leaves and into the layout's own
     key tuple (no key text is ever part of the source). Shapes too large or too
@@ -40,7 +42,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["Layout", "pack", "pack_into", "seal", "unpack", "leaf", "is_packed",
+__all__ = ["Layout", "pack", "pack_into", "seal", "unpack", "leaf", "is_packed", "nest",
            "same_apart_from", "digits_as_int", "MAP", "LIST", "END", "LEAF", "DIGITS"]
 
 Shape = tuple | None
@@ -87,12 +89,12 @@ class Layout:
 
     __slots__ = ("shape", "leaves", "build", "_paths", "_digits", "_parts")
 
-    def __init__(self, signature: tuple, leaves: int):
-        self.shape = shape = _nest(signature)
+    def __init__(self, shape: Shape, leaves: int):
+        self.shape = shape
         self.leaves = leaves
         self.build: Callable[[tuple], object] = _builder(shape)
         self._paths: dict[tuple, int | None] = {}
-        self._digits = frozenset(_digits_indices(shape)) if DIGITS in signature else frozenset()
+        self._digits = frozenset(_digits_indices(shape))
         self._parts: dict[tuple, Callable[[tuple], object] | None] = {}
 
     def index_of(self, path: tuple[str, ...]) -> int | None:
@@ -133,11 +135,15 @@ class _LayoutTable:
         self._table: dict[tuple, Layout] = {}
         self._lock = threading.Lock()
 
-    def layout(self, signature: tuple, leaves: int) -> Layout:
+    def layout(self, signature: tuple, leaves: int,
+               shape_of: Callable[[], Shape] | None = None) -> Layout:
+        """The layout of `signature`; made on first sight from the shape the
+        signature stands for (`nest`), or from `shape_of()` for a signature in
+        another code (Projection's compact one, see k8s_http.packcode)."""
         found = self._table.get(signature)
         if found is not None:
             return found
-        made = Layout(signature, leaves)
+        made = Layout(nest(signature) if shape_of is None else shape_of(), leaves)
         with self._lock:
             if len(self._table) >= self.max_entries:
                 self._table = {}
@@ -170,9 +176,10 @@ def pack_into(value: object, leaves: list, signature: list) -> None:
         signature.append(LEAF)
 
 
-def seal(signature: list, leaves: list) -> tuple:
-    """The packed object of the structure `signature` and its `leaves` (as pack_into made them)."""
-    leaves.insert(0, LAYOUTS.layout(tuple(signature), len(leaves)))
+def seal(signature: list, leaves: list, shape_of: Callable[[], Shape] | None = None) -> tuple:
+    """The packed object of the structure `signature` and its `leaves` (as pack_into
+    made them; `shape_of`: see _LayoutTable.layout)."""
+    leaves.insert(0, LAYOUTS.layout(tuple(signature), len(leaves), shape_of))
     return tuple(leaves)
 
 
@@ -260,7 +267,7 @@ def _leaf_count(shape: Shape) -> int:
     return sum(_leaf_count(child) for child in (shape[2] if shape[0] == "{" else shape[1]))
 
 
-def _nest(signature: tuple) -> Shape:
+def nest(signature: tuple) -> Shape:
     """The nested shape a signature stands for (iterative: any depth)."""
     root: Shape = None
     open_: list[tuple[str, list, list]] = []       # containers being read: kind, keys, children

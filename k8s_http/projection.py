@@ -6,7 +6,10 @@ tuple of segments for keys that contain dots (("metadata", "annotations",
 "mine.jp/config-hash")). A segment ending in "[]" says the value is a list: the
 rest of the path applies to each of its items ("spec.ports[].port"). "*"
 stands for every key of a map ("metadata.labels.*" is the same as
-"metadata.labels"). The last segment keeps its whole value.
+"metadata.labels"). The last segment keeps its whole value. A projected map
+has its declared keys in declaration order (the packing walk reads them so,
+see k8s_http.packcode); a map under "*" and a value kept whole keep the
+object's order.
 
 Invariants the Store relies on:
   * the projection is a pure function of the object and idempotent
@@ -41,8 +44,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from .packcode import compile_packer
-from .packed import DIGITS, END, LEAF, LIST, MAP, digits_as_int, seal
+from .packcode import PlaceToken, compile_packer
+from .packed import DIGITS, END, LEAF, LIST, MAP, digits_as_int, nest, seal
 
 __all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
 
@@ -202,8 +205,11 @@ class Projection:
         # when too deep to compile, and then `_pack_node` walks the tree itself.
         self._packer = compile_packer(
             self._tree, _list_nodes(self._tree, keep + distinct + repeated),
-            distinct_marker=_DISTINCT, repeated_marker=_REPEATED, tokens=(MAP, LIST, END, LEAF),
-            walk=self._pack_node, whole=self._pack_whole, distinct=self._pack_distinct)
+            distinct_marker=_DISTINCT, repeated_marker=_REPEATED, walk=self._pack_node,
+            whole=self._pack_whole, distinct=self._pack_distinct, digits=digits_as_int)
+        # The compiled walk's signatures start with this projection's own token:
+        # they are in a code of their own (packcode), never equal to another's.
+        self._signature_head = PlaceToken("projection")
 
     def _bound_intern(self) -> Callable[[str, str], str]:
         return self._interner.bound() if self._interner is not None else _keep_as_is
@@ -218,14 +224,28 @@ class Projection:
         """The projection of `obj` in packed form (k8s_http.packed), made in one walk:
         `unpack(self.pack(obj)) == self(obj)`, without building the projected dicts."""
         leaves: list = []
+        if self._packer is None:
+            signature: list = []
+            self._pack_node(obj, self._tree, self._bound_intern(), self._repeated_intern(),
+                            leaves.append, signature.append)
+            return seal(signature, leaves)
+        signature = [self._signature_head]
+        self._packer(obj, self._bound_intern(), self._repeated_intern(), leaves.append,
+                     signature.append)
+        return seal(signature, leaves, lambda: self._shape_of(obj, len(leaves)))
+
+    def _shape_of(self, obj: dict, leaves: int) -> object:
+        """The shape of `obj`'s projection, from the generic walk's signature (for
+        the layout of a compact signature seen for the first time). Its strings
+        are not interned: only the structure is wanted, and a repeated string
+        must not count as seen twice."""
         signature: list = []
-        if self._packer is not None:
-            self._packer(obj, self._bound_intern(), self._repeated_intern(), leaves.append,
-                         signature.append)
-        else:
-            self._pack_node(obj, self._tree, self._bound_intern(), leaves.append,
-                            signature.append)
-        return seal(signature, leaves)
+        walked: list = []
+        self._pack_node(obj, self._tree, _keep_as_is, _keep_as_is, walked.append,
+                        signature.append)
+        if len(walked) != leaves:       # the two walks disagree: a bug, never a wrong object
+            raise AssertionError("the compiled packing walk and the generic one disagree")
+        return nest(tuple(signature))
 
     def guarded(self, obj: dict) -> dict:
         """The projection of `obj` where reading a dropped key raises DroppedFieldRead."""
@@ -247,13 +267,14 @@ class Projection:
         if not isinstance(value, dict):
             return self._whole(value, intern)       # unexpected shape: keep it as it is
         out = {}
-        dropped = []
-        every = tree.get("*", False)
-        for key, item in value.items():
-            sub = tree.get(key, every)
-            if sub is False:
-                dropped.append(key)
-                continue
+        if "*" in tree:
+            every = tree["*"]
+            kept = [(key, item, tree.get(key, every)) for key, item in value.items()]
+            dropped = []
+        else:                                        # declaration order, as packing has it
+            kept = [(key, value[key], sub) for key, sub in tree.items() if key in value]
+            dropped = [key for key in value if key not in tree] if guard else []
+        for key, item, sub in kept:
             # Leaves are handled here rather than by a call per field.
             if sub is None and (item.__class__ is str or item.__class__ is int):
                 kept = intern(item, item)
@@ -276,10 +297,10 @@ class Projection:
     # (`leaf`, `token`: the two lists' append). Map keys are not interned here:
     # a packed object keeps no keys, its layout does.
 
-    def _pack_node(self, value: object, tree: dict, intern, leaf, token) -> None:
+    def _pack_node(self, value: object, tree: dict, intern, repeated, leaf, token) -> None:
         """`value` under a declared subtree (a dict: callers handle kept-whole and
-        distinct and repeated ones). The hot loop of every event: class tests rather than
-        isinstance, and each kept leaf handled inline."""
+        distinct and repeated ones). A declared map's keys in declaration order (as
+        the compiled walk reads them), a map under "*" in its own order."""
         cls = value.__class__
         if cls is not dict and cls is not list:
             if isinstance(value, dict):
@@ -292,16 +313,16 @@ class Projection:
         if cls is list:
             token(LIST)
             for item in value:
-                self._pack_node(item, tree, intern, leaf, token)
+                self._pack_node(item, tree, intern, repeated, leaf, token)
             token(END)
             return
         token(MAP)
-        get = tree.get
-        every = get("*", False)
-        for key, item in value.items():
-            sub = get(key, every)
-            if sub is False:
-                continue
+        if "*" in tree:
+            every = tree["*"]
+            kept = ((key, item, tree.get(key, every)) for key, item in value.items())
+        else:
+            kept = ((key, value[key], sub) for key, sub in tree.items() if key in value)
+        for key, item, sub in kept:
             token(key)
             if sub is None:
                 kind = item.__class__
@@ -311,11 +332,11 @@ class Projection:
                 else:
                     self._pack_whole(item, intern, leaf, token)
             elif sub.__class__ is dict:
-                self._pack_node(item, sub, intern, leaf, token)
+                self._pack_node(item, sub, intern, repeated, leaf, token)
             elif sub is _DISTINCT:
                 self._pack_distinct(item, leaf, token)
             else:                                    # _REPEATED
-                self._pack_whole(item, self._repeated_intern(), leaf, token)
+                self._pack_whole(item, repeated, leaf, token)
         token(END)
 
     def _pack_whole(self, value: object, intern, leaf, token) -> None:
