@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 
 from .backoff import Backoff
 from .metrics import Metrics
-from .objects import ObjectKey, Resource, controller_of, key_of, strip_managed_fields
+from .objects import (ObjectKey, Resource, controller_of, key_of, meta_of,
+                      strip_managed_fields)
 from .store import Store
 from .watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY, Watcher
 
@@ -51,7 +52,7 @@ def owner_key(kind: str, api_group: str = "") -> Mapper:
         group = str(ref.get("apiVersion") or "").rpartition("/")[0]
         if group != api_group:
             return []
-        return [ObjectKey(key_of(obj).namespace, ref["name"])]
+        return [ObjectKey(meta_of(obj).get("namespace") or "", ref["name"])]
     mapper.__name__ = f"owner_key[{kind}.{api_group}]" if api_group else f"owner_key[{kind}]"
     mapper.reads_metadata_only = True  # type: ignore[attr-defined]
     return mapper
