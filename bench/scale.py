@@ -26,6 +26,10 @@ controller.py itself, both statuses written) size by size, and at each size:
             --settle-seconds untouched and --idle-seconds measured: idle CPU and the
             settled RSS; writes over the whole run from the audit log (0 expected);
             peak RSS (VmHWM).
+  pairs     at the largest size, --ready-pairs more back-to-back pairs of the bare
+            client and ours started and stopped once ready: the ready goal is
+            judged on the median ratio (one pair moves by +-0.15x with the
+            apiserver's pace on a shared machine).
 
 Per operator, the settled RSS over the sizes (size 0: the idle process) gives
 the per-object slope (least squares, KiB per My, its two children included).
@@ -166,6 +170,29 @@ def run_bare(cluster: BenchCluster, size: int, mode: str) -> dict:
             "seconds": wall}
 
 
+def ready_pairs(bench: converge.Bench, cluster: BenchCluster, size: int, count: int,
+                mode: str, timeout: float) -> list[dict]:
+    """`count` more (bare client, ours to ready) pairs over the same fleet, back to
+    back: ours is stopped once ready (the run before it measured the rest)."""
+    pairs = []
+    for _ in range(count):
+        bare = run_bare(cluster, size, mode)
+        op = bench.make_operator(HEADLINE, NAMESPACE)
+        op.start(f"scale-{size}-ready")
+        try:
+            ready, _ = wait_ready(op, timeout)
+        except Exception as err:          # recorded; the run's other figures stand
+            log(f"  {HEADLINE} to ready: FAILED: {err}")
+            ready = None
+        finally:
+            op.stop()
+        pair = {"bare_seconds": bare.get("seconds"), "ready_seconds": ready,
+                "ratio": analysis.ratio(ready, bare.get("seconds"))}
+        log(f"  ready pair: {pair}")
+        pairs.append(pair)
+    return pairs
+
+
 def bench_python() -> str:
     venv = ROOT / ".venv" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable
@@ -200,7 +227,10 @@ def summarise(data: dict) -> None:
         ready_seconds=ours.get("ready_seconds"), bare_seconds=bare.get("seconds"),
         writes_by_size={int(s): r[HEADLINE]["writes"] for s, r in data["runs"].items()
                         if "writes" in r.get(HEADLINE, {})},
-        idle_percent=ours.get("idle_cpu_percent"), largest_size=largest)]
+        idle_percent=ours.get("idle_cpu_percent"), largest_size=largest,
+        ready_pairs=[(p["ready_seconds"], p["bare_seconds"])
+                     for p in data.get("ready_pairs", {}).get(str(largest), [])
+                     if p.get("ready_seconds") and p.get("bare_seconds")])]
 
 
 def metadata(args, argv: list[str], cluster: BenchCluster) -> dict:
@@ -239,6 +269,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cluster-dir", type=Path, default=None,
                    help="attach to the plane `python bench/scaling/plane.py up DIR` runs, and "
                         "reuse (and grow) the fleet earlier runs left there")
+    p.add_argument("--ready-pairs", type=int, default=4, metavar="N",
+                   help="at the largest size, N more back-to-back pairs of the bare client and "
+                        f"{HEADLINE} to ready; the ready goal takes the median ratio "
+                        "(default %(default)s)")
     p.add_argument("--settle-seconds", type=float, default=10.0)
     p.add_argument("--idle-seconds", type=float, default=30.0)
     p.add_argument("--poll-seconds", type=float, default=0.25,
@@ -323,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  {key} over {size:,} My")
                 runs[key] = run_operator(bench, cluster, key, size, args)
                 log("    " + report.one_line(runs[key]))
+            if size == args.sizes[-1] and size and args.ready_pairs and HEADLINE in runs:
+                log(f"  {args.ready_pairs} more pairs of the bare client and {HEADLINE} to ready")
+                data.setdefault("ready_pairs", {})[str(size)] = ready_pairs(
+                    bench, cluster, size, args.ready_pairs, args.bare_mode,
+                    args.timeout_seconds + size * args.timeout_per_my)
             data["fleet"][-1]["control_plane_rss_mib_after_operators"] = _plane_rss(cluster)
             _save(out, data)                  # a partial file survives an interrupted run
         summarise(data)

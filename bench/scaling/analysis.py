@@ -69,11 +69,22 @@ def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     return "not measured" if value is None else f"{value:{spec}}{unit}"
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def goals(*, slope_kib: float | None, peer_slope_kib: float | None,
           ready_seconds: float | None, bare_seconds: float | None,
           writes_by_size: dict[int, int], idle_percent: float | None,
-          largest_size: int) -> list[Goal]:
-    """Issue 17's goals for our operator, from one run's figures."""
+          largest_size: int, ready_pairs: list[tuple[float, float]] = ()) -> list[Goal]:
+    """Issue 17's goals for our operator, from one run's figures.
+
+    `ready_pairs`: further (ready, bare) seconds at the largest size, each pair
+    measured back to back; with them the ready goal is judged on the median of
+    every pair's ratio (the run's own included): one pair moves by +-0.15x with
+    the apiserver's pace on this shared machine."""
     out = []
     out.append(Goal(
         "RSS per My, incl. its two children (slope)", f"<= {GOAL_KIB_PER_MY} KiB",
@@ -87,11 +98,19 @@ def goals(*, slope_kib: float | None, peer_slope_kib: float | None,
         _fmt(ratio(slope_kib, peer_slope_kib), ".2f", "x"), met,
         f"+{slope_kib - peer_slope_kib:.2f} KiB/My" if met is False else ""))
     r = ratio(ready_seconds, bare_seconds)
+    ratios = [x for x in [r, *(ratio(a, b) for a, b in ready_pairs)] if x is not None]
+    if len(ratios) > 1:
+        r = median(ratios)
+        measured = (f"{r:.2f}x, median of {len(ratios)} pairs "
+                    f"({min(ratios):.2f}-{max(ratios):.2f}x)")
+        by = f"+{r - GOAL_READY_VS_BARE:.2f}x"
+    else:
+        measured = _fmt(r, ".2f", "x")
+        by = "" if r is None else f"+{ready_seconds - GOAL_READY_VS_BARE * bare_seconds:.2f} s"
     out.append(Goal(
         f"ready vs the bare client's read, {largest_size:,} My", f"<= {GOAL_READY_VS_BARE}x",
-        _fmt(r, ".2f", "x"), None if r is None else r <= GOAL_READY_VS_BARE,
-        "" if r is None or r <= GOAL_READY_VS_BARE
-        else f"+{ready_seconds - GOAL_READY_VS_BARE * bare_seconds:.2f} s"))
+        measured, None if r is None else r <= GOAL_READY_VS_BARE,
+        "" if r is None or r <= GOAL_READY_VS_BARE else by))
     total_writes = sum(writes_by_size.values()) if writes_by_size else None
     out.append(Goal(
         "writes over a converged fleet, every size", f"{GOAL_WRITES}",

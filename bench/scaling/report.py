@@ -165,6 +165,20 @@ def write_markdown(path: Path, data: dict, before: dict | None = None) -> None:
     for size in sizes:
         out += _size_table(size, data["runs"][size], operators, data["bare"].get(size, {}))
 
+    pairs = data.get("ready_pairs", {})
+    if pairs:
+        out += ["### Ready ÷ bare client, more pairs at the largest size", "",
+                f"Each pair: the bare client, then {HEADLINE} started and stopped once ready, "
+                "back to back; the ready goal takes the median of these ratios and the "
+                "run's own.", "",
+                "| size | bare client | ours: ready | ready ÷ bare |", "|---|---|---|---|"]
+        for size, rows in pairs.items():
+            for row in rows:
+                out.append(f"| {int(size):,} | {_num(row.get('bare_seconds'), '.2f', ' s')} | "
+                           f"{_num(row.get('ready_seconds'), '.2f', ' s')} | "
+                           f"{_num(row.get('ratio'), '.2f', '×')} |")
+        out.append("")
+
     out += ["### The fleet and the bare client", "",
             "| size | `My` made | seconds | `My`/s | objects/s | requests/s | "
             "kube-apiserver RSS | etcd RSS | bare client read (in process) |",

@@ -119,6 +119,17 @@ def test_goal_boundaries_are_inclusive_where_the_issue_says_at_most():
     assert idle.met is False            # "under 1% of a core": 1.0 is not under
 
 
+def test_the_ready_goal_takes_the_median_ratio_of_every_pair():
+    # the run's own pair (1.5x) and three more: median of 1.5, 1.1, 1.0, 1.2 = 1.15
+    goals = _goals(ready_seconds=1.5, bare_seconds=1.0,
+                   ready_pairs=[(2.2, 2.0), (1.0, 1.0), (2.4, 2.0)])
+    ready = goals["ready vs the bare client's read"]
+    assert ready.met and ready.measured == "1.15x, median of 4 pairs (1.00-1.50x)"
+    missed = _goals(ready_seconds=1.5, bare_seconds=1.0, ready_pairs=[(1.3, 1.0), (1.0, 1.0)])
+    ready = missed["ready vs the bare client's read"]
+    assert ready.met is False and ready.by == "+0.10x"       # median 1.3
+
+
 def test_a_goal_without_figures_is_not_measured_rather_than_met():
     goals = _goals(slope_kib=None, peer_slope_kib=None, ready_seconds=None, writes_by_size={},
                    idle_percent=None)
