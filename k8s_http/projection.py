@@ -269,12 +269,12 @@ class Projection:
         out = {}
         if "*" in tree:
             every = tree["*"]
-            kept = [(key, item, tree.get(key, every)) for key, item in value.items()]
+            entries = [(key, item, tree.get(key, every)) for key, item in value.items()]
             dropped = []
         else:                                        # declaration order, as packing has it
-            kept = [(key, value[key], sub) for key, sub in tree.items() if key in value]
+            entries = [(key, value[key], sub) for key, sub in tree.items() if key in value]
             dropped = [key for key in value if key not in tree] if guard else []
-        for key, item, sub in kept:
+        for key, item, sub in entries:
             # Leaves are handled here rather than by a call per field.
             if sub is None and (item.__class__ is str or item.__class__ is int):
                 kept = intern(item, item)
@@ -319,10 +319,10 @@ class Projection:
         token(MAP)
         if "*" in tree:
             every = tree["*"]
-            kept = ((key, item, tree.get(key, every)) for key, item in value.items())
+            entries = ((key, item, tree.get(key, every)) for key, item in value.items())
         else:
-            kept = ((key, value[key], sub) for key, sub in tree.items() if key in value)
-        for key, item, sub in kept:
+            entries = ((key, value[key], sub) for key, sub in tree.items() if key in value)
+        for key, item, sub in entries:
             token(key)
             if sub is None:
                 kind = item.__class__
