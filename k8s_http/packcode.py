@@ -2,7 +2,7 @@
 
 `Projection._pack_node`, the generic walk, visits an object against the
 declaration's tree and appends, besides the kept leaves, a signature token for
-every key and every leaf (k8s_http.packed): ~100 appends per Deployment. The
+every key and every leaf (k8s_http.packed): ~160 appends per Deployment. The
 tree is fixed when the projection is made, so most of that is known in advance:
 `compile_packer(tree, ...)` writes the walk for one declaration as Python source
 and compiles it. The compiled walk
@@ -19,8 +19,8 @@ and compiles it. The compiled walk
     another kind) a token naming that place followed by the generic walk's
     tokens for the value.
 
-A Deployment's signature is then ~60 entries instead of ~200 (most of them for
-the values kept whole, which the generic walk packs), and packing one takes
+A Deployment's signature is then ~60 entries instead of ~160 (all but ~10 of
+them for the values kept whole, which the generic walk packs), and packing one takes
 ~16 us instead of ~20 with the per-key compiled walk this replaced (offline, a
 dumped fleet of 3,000; /work/notes/scratch-s6/packbench.py).
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 KIB = 1024
@@ -69,12 +70,6 @@ def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     return "not measured" if value is None else f"{value:{spec}}{unit}"
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def goals(*, slope_kib: float | None, peer_slope_kib: float | None,
           ready_seconds: float | None, bare_seconds: float | None,
           writes_by_size: dict[int, int], idle_percent: float | None,
@@ -100,7 +95,7 @@ def goals(*, slope_kib: float | None, peer_slope_kib: float | None,
     r = ratio(ready_seconds, bare_seconds)
     ratios = [x for x in [r, *(ratio(a, b) for a, b in ready_pairs)] if x is not None]
     if len(ratios) > 1:
-        r = median(ratios)
+        r = statistics.median(ratios)
         measured = (f"{r:.2f}x, median of {len(ratios)} pairs "
                     f"({min(ratios):.2f}-{max(ratios):.2f}x)")
         by = f"+{r - GOAL_READY_VS_BARE:.2f}x"
