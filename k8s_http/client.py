@@ -131,7 +131,8 @@ class ApiClient:
               resource_version: str | None = None, allow_bookmarks: bool = True,
               timeout_seconds: float | None = None,
               stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS,
-              send_initial_events: bool = False) -> "WatchStream":
+              send_initial_events: bool = False,
+              skip_managed_fields: bool = False) -> "WatchStream":
         """A watch from `resource_version` ("" or None: from now, with the current state).
 
         `send_initial_events`: a streaming list (client-go's WatchList): the
@@ -140,6 +141,10 @@ class ApiClient:
         "true"`, then carries on as a watch. It needs bookmarks, so they are
         requested whatever `allow_bookmarks` says. An apiserver without the
         feature refuses it (422) or ignores it (see watcher.py).
+
+        `skip_managed_fields`: the objects come without
+        metadata.managedFields, which are then never decoded
+        (watchproto.cut_managed_fields), for a caller that drops them anyway.
         """
         path = resource.path(namespace if resource.namespaced else None)
         query = {"watch": "1", "labelSelector": label_selector,
@@ -151,7 +156,8 @@ class ApiClient:
                  "timeoutSeconds": str(int(timeout_seconds)) if timeout_seconds else None}
         stream = self.transport.stream(path, query=query,
                                        read_timeout_seconds=stall_timeout_seconds)
-        return WatchStream(stream, stall_timeout_seconds=stall_timeout_seconds)
+        return WatchStream(stream, stall_timeout_seconds=stall_timeout_seconds,
+                           skip_managed_fields=skip_managed_fields)
 
     # -- writes
 
@@ -331,9 +337,11 @@ class WatchStream:
 
     def __init__(self, stream: Stream, *,
                  stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS,
-                 max_line_bytes: int = MAX_WATCH_LINE_BYTES, clock=time.monotonic):
+                 max_line_bytes: int = MAX_WATCH_LINE_BYTES, clock=time.monotonic,
+                 skip_managed_fields: bool = False):
         self._stream = stream
-        self._decoder = LineDecoder(max_line_bytes=max_line_bytes)
+        self._decoder = LineDecoder(max_line_bytes=max_line_bytes,
+                                    skip_managed_fields=skip_managed_fields)
         self.stall_timeout_seconds = stall_timeout_seconds
         # Real time by default: the stall bounds real socket waits.
         self._clock = clock

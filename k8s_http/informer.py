@@ -129,7 +129,8 @@ class Informer:
                 stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
                 backoff=backoff_factory() if backoff_factory else None,
                 list_transform=self.store.prepare, streaming_list=streaming_list,
-                on_synced=self._notify_synced)
+                on_synced=self._notify_synced,
+                skip_managed_fields=self.store.drops_managed_fields)
         self._threads: dict[str | None, threading.Thread] = {}
         # Read at scrape time. One informer per resource in practice (the
         # manager keys them by resource and label selector).

@@ -211,6 +211,18 @@ class Projection:
         # they are in a code of their own (packcode), never equal to another's.
         self._signature_head = PlaceToken("projection")
 
+    def keeps(self, path: Path) -> bool:
+        """Whether any of the value at `path` can be in the projection: the path,
+        an ancestor or a descendant of it is declared."""
+        node: object = self._tree
+        for part in _segments(path):
+            if node.__class__ is not dict:
+                return True         # an ancestor is kept whole (or as a leaf)
+            if part not in node:
+                return False
+            node = node[part]
+        return True
+
     def _bound_intern(self) -> Callable[[str, str], str]:
         return self._interner.bound() if self._interner is not None else _keep_as_is
 

@@ -156,6 +156,12 @@ class Store:
     def __init__(self, *, transform: Callable[[dict], dict] | None = strip_managed_fields,
                  indexers: Mapping[str, Indexer] | None = None, compact: bool = True):
         self.transform = transform      # as given: the Manager compares it
+        # The stored form never holds metadata.managedFields, so a watch
+        # filling this store need not even decode them.
+        self.drops_managed_fields = (
+            transform is strip_managed_fields
+            or (isinstance(transform, Projection)
+                and not transform.keeps(("metadata", "managedFields"))))
         self._transform = transform or (lambda obj: obj)
         self._compact = compact
         if not compact:

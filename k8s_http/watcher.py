@@ -524,8 +524,11 @@ class Watcher:
                  backoff: Backoff | None = None,
                  list_transform: Callable[[dict], dict] | None = None,
                  streaming_list: bool = True,
-                 on_synced: Callable[[], None] | None = None):
+                 on_synced: Callable[[], None] | None = None,
+                 skip_managed_fields: bool = False):
         self._client = client
+        # Watches ask for objects without managedFields (the store drops them).
+        self._skip_managed_fields = skip_managed_fields
         self._on_synced = on_synced
         # Applied to listed items page by page (the store's transform), so the
         # peak memory of a relist is one unstripped page, not the whole list.
@@ -722,7 +725,8 @@ class Watcher:
                 field_selector=self._field_selector, resource_version=rv or None,
                 allow_bookmarks=True, timeout_seconds=self.watch_timeout_seconds,
                 stall_timeout_seconds=self._stall_timeout_seconds,
-                **({"send_initial_events": True} if send_initial_events else {}))
+                **({"send_initial_events": True} if send_initial_events else {}),
+                **({"skip_managed_fields": True} if self._skip_managed_fields else {}))
         except Exception as err:
             inp = failure(err)
             if inp.reason == "stall":

@@ -37,6 +37,7 @@ from .errors import ProtocolError
 
 __all__ = [
     "ChunkedDecoder",
+    "cut_managed_fields",
     "ChunkedFramingError",
     "LineDecoder",
     "WatchDecodeError",
@@ -234,6 +235,65 @@ _decode_json = _JSON.decode
 # WatchEvent(...) runs a Python-level __new__; tuple.__new__ does the same in C.
 _new_tuple = tuple.__new__
 
+_MANAGED_FIELDS = b'"managedFields":['
+_COMMA = 0x2C
+_OPEN_BRACE = 0x7B
+
+
+def cut_managed_fields(line: bytes | bytearray) -> bytes | bytearray | None:
+    """`line` without the first managedFields key in it, or None if it cannot be cut safely.
+
+    managedFields are often half an object's bytes and most of its JSON
+    values (every field an owner set is a nested map); a client that never
+    reads them need not decode them. The cut is made on the raw bytes, and
+    only where the bytes prove it is structural:
+
+    - `"managedFields":[` is a key: in valid JSON a raw, unescaped `"` is a
+      string delimiter, and a string followed by `:` is a key.
+    - The array ends at the first raw `]` after it when that `]` is followed
+      by `,"` and a letter, or by `},"` and a letter: a letter cannot follow a
+      closing quote, so that `"` opens a key, and nothing between it and the
+      `]` can be inside a string. A managedFields entry has no list in it
+      (manager, operation, apiVersion, time, fieldsType, fieldsV1 of nested
+      maps, subresource), so the first structural `]` is the array's own.
+
+    The apiserver writes a typed object's metadata with managedFields last
+    (`]},"spec":`) and a custom resource's keys sorted (`],"name":`). If a
+    future entry did hold a list, the cut would end inside the array, leave
+    the rest unbalanced and so not valid JSON: the caller then decodes the
+    whole line, as it does whenever this returns None.
+    """
+    start = line.find(_MANAGED_FIELDS)
+    if start < 1:
+        return None
+    close = line.find(b"]", start + len(_MANAGED_FIELDS))
+    if close < 0:
+        return None
+    after = close + 2 if line[close + 1:close + 2] == b"}" else close + 1
+    if line[after:after + 2] != b',"' or not line[after + 2:after + 3].isalpha():
+        return None
+    before = line[start - 1]
+    if before == _COMMA:                        # ...,"managedFields":[...]  -> ...
+        return line[:start - 1] + line[close + 1:]
+    if before == _OPEN_BRACE:                   # {"managedFields":[...],"x" -> {"x"
+        return line[:start] + line[close + 2 if after == close + 1 else close + 1:]
+    return None
+
+
+def _decode_cut(line: bytearray) -> dict | None:
+    """The line's JSON object without managedFields; None whenever the cut
+    or what is left of the line is in any way doubtful (the caller then
+    decodes the whole line, which is the judge of malformed input)."""
+    cut = cut_managed_fields(line)
+    if cut is None:
+        return None
+    try:
+        text = cut.decode("utf-8")
+        doc, end = _scan_json(text, 0)
+    except (UnicodeDecodeError, ValueError, RecursionError, StopIteration):
+        return None
+    return doc if end == len(text) and type(doc) is dict else None
+
 
 class LineDecoder:
     """Newline-delimited JSON watch events, sans-I/O.
@@ -247,8 +307,12 @@ class LineDecoder:
     ERROR event is always returned, so that an error is never lost.
     """
 
-    def __init__(self, *, max_line_bytes: int = MAX_WATCH_LINE_BYTES):
+    def __init__(self, *, max_line_bytes: int = MAX_WATCH_LINE_BYTES,
+                 skip_managed_fields: bool = False):
         self.max_line_bytes = max_line_bytes
+        # Objects come without metadata.managedFields, never decoded (see
+        # cut_managed_fields), for a caller that would drop them anyway.
+        self.skip_managed_fields = skip_managed_fields
         self.skipped = 0
         # Invariants: _buf[:_start] is consumed (dropped at the next feed);
         # there is no LF in _buf[_start:_scan]; an unterminated line is
@@ -310,6 +374,33 @@ class LineDecoder:
             yield event
 
     def _decode_line(self, line: bytearray) -> WatchEvent | None:
+        doc = _decode_cut(line) if self.skip_managed_fields else None
+        if doc is None:
+            doc = self._decode_whole(line)
+            if doc is None:
+                return None
+        etype = doc.get("type")
+        obj = doc.get("object")
+        if type(obj) is not dict:
+            if etype == "ERROR":
+                # An error must never be dropped: the client raises it (as a
+                # generic server error, for want of a Status).
+                return WatchEvent("ERROR", {})
+            self.skipped += 1
+            return None
+        if etype == "ADDED" or etype == "MODIFIED" or etype == "DELETED" or etype == "ERROR":
+            return _new_tuple(WatchEvent, (etype, obj))
+        if etype == "BOOKMARK":
+            # A bookmark carries only metadata.resourceVersion (no name, no
+            # uid); without it there is nothing to use it for.
+            meta = obj.get("metadata")
+            if type(meta) is dict and type(meta.get("resourceVersion")) is str:
+                return WatchEvent(etype, obj)
+        self.skipped += 1
+        return None
+
+    def _decode_whole(self, line: bytearray) -> dict | None:
+        """The line's JSON object; None for a whitespace-only line; raises if it is not one."""
         # Decode UTF-8 ourselves, strictly: json.loads(bytes) would guess
         # UTF-16/32 from NUL bytes and let encoded surrogates through.
         try:
@@ -331,25 +422,7 @@ class LineDecoder:
             raise self._fail("json", f"line is {reason}") from None
         if type(doc) is not dict:
             raise self._fail("not_object", "line is JSON but not an object")
-        etype = doc.get("type")
-        obj = doc.get("object")
-        if type(obj) is not dict:
-            if etype == "ERROR":
-                # An error must never be dropped: the client raises it (as a
-                # generic server error, for want of a Status).
-                return WatchEvent("ERROR", {})
-            self.skipped += 1
-            return None
-        if etype == "ADDED" or etype == "MODIFIED" or etype == "DELETED" or etype == "ERROR":
-            return _new_tuple(WatchEvent, (etype, obj))
-        if etype == "BOOKMARK":
-            # A bookmark carries only metadata.resourceVersion (no name, no
-            # uid); without it there is nothing to use it for.
-            meta = obj.get("metadata")
-            if type(meta) is dict and type(meta.get("resourceVersion")) is str:
-                return WatchEvent(etype, obj)
-        self.skipped += 1
-        return None
+        return doc
 
     def _check_failed(self) -> None:
         if self._failed is not None:

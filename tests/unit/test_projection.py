@@ -89,6 +89,25 @@ def test_star_and_a_whole_ancestor():
     assert projection(obj)["metadata"] == {k: v for k, v in obj["metadata"].items()}
 
 
+def test_keeps_answers_for_declared_paths_their_ancestors_and_descendants():
+    projection = Projection(["metadata.labels", "spec.template.spec.containers[].image"],
+                            interner=Interner())
+    for path in ("metadata", "metadata.labels", "metadata.labels.app", "spec.template",
+                 "spec.template.spec.containers.image", "metadata.name"):   # name: implicit
+        assert projection.keeps(path), path
+    for path in ("metadata.managedFields", "status", "spec.replicas",
+                 "spec.template.spec.containers.name"):
+        assert not projection.keeps(path), path
+
+
+def test_a_store_skips_managed_fields_only_when_its_transform_cannot_keep_them():
+    assert Store().drops_managed_fields
+    assert Store(transform=Projection(["spec"])).drops_managed_fields
+    for transform in (Projection(["metadata"]), Projection(["metadata.managedFields"]),
+                      None, lambda obj: obj):
+        assert not Store(transform=transform).drops_managed_fields
+
+
 def test_bad_declarations_are_refused():
     with pytest.raises(ValueError):
         Projection(["metadata..name"])

@@ -294,3 +294,19 @@ def test_an_apiserver_that_ignores_the_parameters_is_detected_by_its_plain_bookm
     assert [c[0] for c in client.calls][:3] == ["watch", "list", "watch"]
     assert syncs == [1] and events == []
     assert stop.is_set()
+
+
+def test_watches_skip_managed_fields_exactly_when_the_informers_store_drops_them():
+    from k8s_http.informer import Informer
+    from k8s_http.projection import Projection
+    for transform, skipped in (("default", True), (Projection(["spec"]), True),
+                               (Projection(["metadata"]), False), (None, False),
+                               (lambda o: o, False)):
+        stop = FakeStopEvent()
+        client = scripted_client(stop, [("list", listing("10", "a")), ("watch", [])])
+        kwargs = {} if transform == "default" else {"transform": transform}
+        informer = Informer(client, DEPLOYMENTS, namespaces=["ns"], streaming_list=False,
+                            metrics=Metrics(CollectorRegistry()), rng=lambda: 0.5, **kwargs)
+        informer._watchers["ns"].run(stop)
+        watch = next(call for call in client.calls if call[0] == "watch")
+        assert watch.kwargs.get("skip_managed_fields", False) is skipped, transform
