@@ -112,6 +112,9 @@ class Bench:
                  profile_to: Path | None = None) -> dict:
         """A fresh namespace and process: burst, then (full) idle, latency, churn, startup."""
         namespace = f"cv-r{run}-{key}-{size}" + ("-prof" if profile_to else "")
+        waited = self.cluster.wait_quiet()      # done with the last run's namespace
+        if waited > 3.5:
+            log(f"  waited {waited:.0f} s for the control plane to be quiet")
         self.cluster.create_namespace(namespace)
         observer = Observer(self.cluster.client, namespace).start()
         op = self.make_operator(key, namespace, profile_to)
@@ -145,16 +148,16 @@ class Bench:
         finally:
             code = op.stop()
             observer.stop()
-            if self.cluster.started_here:
-                # The plane is thrown away at the end. Deleting 1000 objects (and their
-                # ReplicaSets and Pods) would keep kube-controller-manager busy for a
-                # minute, which the next operator must not share: the namespace stays,
-                # idle (each operator watches only its own namespace).
-                log(f"  {op.label}: stopped (exit {code})")
-            else:
-                # Interrupted (Ctrl-C): do not sit through the namespace's deletion.
-                seconds = self.cluster.delete_namespace(namespace, wait=not interrupted)
-                log(f"  {op.label}: stopped (exit {code}); namespace deleted in {seconds:.0f} s")
+            # A namespace left behind is not idle: its Deployments never finish
+            # rolling out (no scheduler, no kubelet), so ten minutes after their last
+            # progress (progressDeadlineSeconds) kube-controller-manager rewrites every
+            # one's status (ProgressDeadlineExceeded), a wave of ~1,000 writes that
+            # lands in whichever later burst is running then -- in the fixed order of
+            # the runs, the same operator's each time. So each namespace is deleted,
+            # and the next operator starts on a plane that is done with it.
+            # Interrupted (Ctrl-C): do not sit through the namespace's deletion.
+            seconds = self.cluster.delete_namespace(namespace, wait=not interrupted)
+            log(f"  {op.label}: stopped (exit {code}); namespace deleted in {seconds:.0f} s")
         return results
 
 
@@ -166,6 +169,7 @@ class Bench:
             return scenarios.floor(self.cluster, observer, namespace, size, self.settings)
         finally:
             observer.stop()
+            self.cluster.delete_namespace(namespace)      # see run_size
 
 
 # ---------------------------------------------------------------- the profile

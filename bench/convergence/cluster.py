@@ -251,6 +251,20 @@ class BenchCluster:
                 pass
         return total
 
+    def wait_quiet(self, *, below: float = 0.15, window_seconds: float = 3.0,
+                   timeout_seconds: float = 180.0) -> float:
+        """Wait until the control plane used less than `below` of a core over a whole
+        window (its background work done); seconds waited. Gives up quietly after
+        `timeout_seconds`: a plane that never idles is reported, not fatal."""
+        t0 = time.monotonic()
+        while True:
+            cpu0, started = self.control_plane_cpu(), time.monotonic()
+            time.sleep(window_seconds)
+            used = (self.control_plane_cpu() - cpu0) / (time.monotonic() - started)
+            waited = time.monotonic() - t0
+            if used < below or waited >= timeout_seconds:
+                return waited
+
     def binaries_source(self) -> str:
         if not self.started_here:
             return f"attached to the control plane in {self.attach_dir}"
