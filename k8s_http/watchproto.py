@@ -261,7 +261,9 @@ def cut_managed_fields(line: bytes | bytearray) -> bytes | bytearray | None:
     (`]},"spec":`) and a custom resource's keys sorted (`],"name":`). If a
     future entry did hold a list, the cut would end inside the array, leave
     the rest unbalanced and so not valid JSON: the caller then decodes the
-    whole line, as it does whenever this returns None.
+    whole line, as it does whenever this returns None. The bytes cut out are
+    never looked at: a line whose only defect (bad JSON, bad UTF-8) lies inside
+    them is taken, as the rest of it is sound and nothing cut is ever read.
     """
     start = line.find(_MANAGED_FIELDS)
     if start < 1:
