@@ -169,6 +169,19 @@ def test_per_object_times_converged_first_status_and_steady():
     assert figures["steady_p99_seconds"] == pytest.approx(4.5)
     assert figures["deployment_p50_seconds"] == pytest.approx(0.5)
     assert figures["all_converged_seconds"] == pytest.approx(1.0)
+    assert figures["converged_50pct_done_seconds"] == pytest.approx(1.0)
+
+
+def test_the_pace_through_a_burst_is_when_each_share_of_the_objects_got_there():
+    names = [f"my-{i:04d}" for i in range(4)]
+    each = PerObject(names)
+    for i, name in enumerate(names):
+        each.sent(name, 10.0 + i)
+        each.offer("deployment", dict(_deployment(), metadata={"name": name}), 10.0 + 2 * i + 1)
+    figures = each.figures(t0=10.0)
+    assert [figures[f"deployment_{share}pct_done_seconds"] for share in (25, 50, 75)] == \
+        pytest.approx([1.0, 3.0, 5.0])
+    assert figures["all_deployment_seconds"] == pytest.approx(7.0)
 
 
 def test_nearest_rank_quantile_is_a_measured_value():
