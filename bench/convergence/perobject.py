@@ -125,11 +125,12 @@ class PerObject:
             out[f"{what}_p50_seconds"] = statistics.median(waits)
             out[f"{what}_p99_seconds"] = _quantile(waits, 0.99)
             out[f"{what}_max_seconds"] = waits[-1]
-            out[f"all_{what}_seconds"] = max(times.values()) - t0
-            # The pace through the burst (raw results only): seconds from the first
-            # create until a quarter, half, three quarters of the objects got there.
-            # Two operators with the same all-converged time can reach it differently.
+            # Seconds from the first create until each object got there. The pace
+            # through the burst (raw results only): when a quarter, half, three
+            # quarters of the objects had; two operators with the same last one can
+            # reach it differently.
             done = sorted(t - t0 for t in times.values())
+            out[f"all_{what}_seconds"] = done[-1]
             for share in (25, 50, 75):
                 out[f"{what}_{share}pct_done_seconds"] = _quantile(done, share / 100)
         return out
