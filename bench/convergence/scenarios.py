@@ -135,7 +135,19 @@ def _counts(cluster, mark, objects: int) -> dict:
             "object_writes_per_object": (counts.writes - events) / max(objects, 1),
             "events_per_object": events / max(objects, 1),
             "reads": counts.reads, "failed_writes": counts.failed_writes,
-            "writes_by_kind": dict(sorted(counts.by_kind.items()))}
+            "writes_by_kind": dict(sorted(counts.by_kind.items())),
+            "server_ms_by_kind": server_ms(counts.server_seconds)}
+
+
+def server_ms(seconds_by_kind: dict) -> dict:
+    """{kind: {"p50": ms, "mean": ms}}: the apiserver's time for each kind of write."""
+    out = {}
+    for kind, seconds in sorted(seconds_by_kind.items()):
+        if seconds:
+            ordered = sorted(seconds)
+            out[kind] = {"p50": round(ordered[len(ordered) // 2] * 1e3, 1),
+                         "mean": round(sum(ordered) / len(ordered) * 1e3, 1)}
+    return out
 
 
 def _paced(threads: int, rate: float, fn, items) -> float:

@@ -20,14 +20,16 @@ sys.path.insert(0, str(BENCH))
 from convergence import report  # noqa: E402
 from convergence.cluster import BENCH_USER_AGENT, AuditLog  # noqa: E402
 from convergence.perobject import PerObject, _quantile, agrees  # noqa: E402
-from convergence.scenarios import converged, env_value, status_current  # noqa: E402
+from convergence.scenarios import converged, env_value, server_ms, status_current  # noqa: E402
 
 
-def _audit(verb, resource, *, user="admin", agent="my-controller/0.1", sub=None, code=200):
+def _audit(verb, resource, *, user="admin", agent="my-controller/0.1", sub=None, code=200,
+           received=None, done=None):
     ref = {"resource": resource, **({"subresource": sub} if sub else {})}
+    times = {"requestReceivedTimestamp": received, "stageTimestamp": done} if received else {}
     return json.dumps({"kind": "Event", "verb": verb, "user": {"username": user},
                        "userAgent": agent, "objectRef": ref,
-                       "responseStatus": {"code": code}}) + "\n"
+                       "responseStatus": {"code": code}, **times}) + "\n"
 
 
 def test_audit_log_counts_only_the_operators_requests_after_the_mark(tmp_path):
@@ -46,6 +48,23 @@ def test_audit_log_counts_only_the_operators_requests_after_the_mark(tmp_path):
     assert (counts.writes, counts.reads, counts.failed_writes) == (3, 1, 1)
     assert counts.by_kind == {"patch deployments": 1, "patch my/status": 1,
                               "create services": 1}
+
+
+def test_audit_log_gives_the_apiservers_time_per_kind_of_write(tmp_path):
+    log = tmp_path / "audit.log"
+    t = "2026-12-02T13:06:30.{}Z"
+    with open(log, "w") as f:
+        f.write(_audit("patch", "services", received=t.format("100000"), done=t.format("146000")))
+        f.write(_audit("patch", "services", received=t.format("200000"), done=t.format("230000")))
+        f.write(_audit("patch", "services", received=t.format("300000"), done=t.format("400000")))
+        f.write(_audit("patch", "deployments", received=t.format("100000"), done=t.format("117000")))
+        f.write(_audit("patch", "deployments"))                  # no timestamps: counted, not timed
+        f.write(_audit("get", "services", received=t.format("1"), done=t.format("9")))   # a read
+    counts = AuditLog(log).since(0)
+    assert counts.by_kind == {"patch services": 3, "patch deployments": 2}
+    assert server_ms(counts.server_seconds) == {
+        "patch deployments": {"p50": 17.0, "mean": 17.0},
+        "patch services": {"p50": 46.0, "mean": 58.7}}
 
 
 def test_ratios_pair_runs_in_order_and_skip_failed_ones():
