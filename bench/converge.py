@@ -438,18 +438,20 @@ def write_markdown(path: Path, data: dict) -> None:
     path.write_text("\n".join(out))
 
 
-def _writes_breakdown(raw: dict, scenario: str, labels: dict) -> list[str]:
-    parts = []
+def _first_runs(raw: dict, scenario: str, key: str) -> list[tuple[str, dict]]:
+    """(operator, its first run's `key`) for each operator with a run that has it."""
+    found = []
     for op, scenarios_ in raw.items():
-        results = [r for r in scenarios_.get(scenario, []) if "writes_by_kind" in r]
-        if not results:
-            continue
-        first = results[0]["writes_by_kind"]
-        if first:
-            parts.append(f"{labels.get(op, op)}: " + ", ".join(f"{k} {v}" for k, v in
-                                                                first.items()))
-        else:
-            parts.append(f"{labels.get(op, op)}: none")
+        results = [r for r in scenarios_.get(scenario, []) if key in r]
+        if results:
+            found.append((op, results[0][key]))
+    return found
+
+
+def _writes_breakdown(raw: dict, scenario: str, labels: dict) -> list[str]:
+    parts = [f"{labels.get(op, op)}: " + (", ".join(f"{k} {v}" for k, v in writes.items())
+                                          or "none")
+             for op, writes in _first_runs(raw, scenario, "writes_by_kind")]
     out = ["Writes in the first run, by verb and resource: " + "; ".join(parts) + "."] \
         if parts else []
     return out + _server_time(raw, scenario, labels)
@@ -459,13 +461,9 @@ def _server_time(raw: dict, scenario: str, labels: dict) -> list[str]:
     """The apiserver's own time per kind of write (audit: received -> response complete),
     p50 / mean over the first run: a write that waits on the apiserver shows here, not
     in the operator's CPU."""
-    parts = []
-    for op, scenarios_ in raw.items():
-        results = [r for r in scenarios_.get(scenario, []) if r.get("server_ms_by_kind")]
-        if results:
-            parts.append(f"{labels.get(op, op)}: " + ", ".join(
-                f"{kind} {ms['p50']:.0f} / {ms['mean']:.0f}"
-                for kind, ms in results[0]["server_ms_by_kind"].items()))
+    parts = [f"{labels.get(op, op)}: " + ", ".join(f"{kind} {ms['p50']:.0f} / {ms['mean']:.0f}"
+                                                   for kind, ms in by_kind.items())
+             for op, by_kind in _first_runs(raw, scenario, "server_ms_by_kind") if by_kind]
     return ["", "The apiserver's time per write in the first run, p50 / mean ms (audit log: "
             "received -> response complete): " + "; ".join(parts) + "."] if parts else []
 

@@ -765,10 +765,11 @@ class Watcher:
             return failure(err)
         if type(event) is not Event:     # not from our decoder: a test's or a wrapper's stream
             event = Event(str(getattr(event, "type", None)), getattr(event, "object", None))
-        counter = self._event_counters.get(event.type)
+        type_ = event.type
+        counter = self._event_counters.get(type_)
         if counter is None:
-            counter = self._metrics.watch_events_total.labels(self._label, event.type)
-            self._event_counters[event.type] = counter
+            counter = self._metrics.watch_events_total.labels(self._label, type_)
+            self._event_counters[type_] = counter
         counter.inc()
         return event
 

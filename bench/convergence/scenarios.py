@@ -144,9 +144,8 @@ def server_ms(seconds_by_kind: dict) -> dict:
     out = {}
     for kind, seconds in sorted(seconds_by_kind.items()):
         if seconds:
-            ordered = sorted(seconds)
-            out[kind] = {"p50": round(ordered[len(ordered) // 2] * 1e3, 1),
-                         "mean": round(sum(ordered) / len(ordered) * 1e3, 1)}
+            out[kind] = {"p50": round(statistics.median(seconds) * 1e3, 1),
+                         "mean": round(statistics.fmean(seconds) * 1e3, 1)}
     return out
 
 
