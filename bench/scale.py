@@ -7,6 +7,7 @@
     python bench/scale.py --from-json bench/results/scale-<date>.json   # markdown only
     python bench/scaling/plane.py up /tmp/scale-plane     # a plane that outlives the run:
     python bench/scale.py --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
+    python bench/scale.py --cluster-dir ... --sizes 30000,100000 --headless-services   # 100,000
 
 A local control plane (tests/support/controlplane.py through the convergence
 bench's BenchCluster: audit log for the writes) with the Deployment and
@@ -266,6 +267,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="bench/scaling/bare.py's --mode: stream once issue 17a's "
                         "bench/scale_bare.py is there, else paged (default %(default)s)")
     p.add_argument("--threads", type=int, default=16, help="fleet-creating threads")
+    p.add_argument("--headless-services", action="store_true",
+                   help="grow the fleet with headless Services (clusterIP None): no ClusterIP "
+                        "allocation, which the apiserver makes one at a time at a cost that "
+                        "grows with the fleet; needed beyond ~30,000 (bench/scaling/fleet.py)")
     p.add_argument("--cluster-dir", type=Path, default=None,
                    help="attach to the plane `python bench/scaling/plane.py up DIR` runs, and "
                         "reuse (and grow) the fleet earlier runs left there")
@@ -332,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         bench = converge.Bench(argparse.Namespace(replicas=1, idle_seconds=args.idle_seconds,
                                                   latency_count=0, rate=0.0),
                                cluster, work_dir)
-        fleet = Fleet(cluster.client, NAMESPACE, threads=args.threads, progress=log)
-        kopf_fleet = Fleet(cluster.client, KOPF_NAMESPACE, threads=args.threads, progress=log)
+        fleet, kopf_fleet = (Fleet(cluster.client, namespace, threads=args.threads,
+                                   headless=args.headless_services, progress=log)
+                             for namespace in (NAMESPACE, KOPF_NAMESPACE))
         if args.cluster_dir is not None:       # a fleet an earlier run grew there is reused
             for each in (fleet, kopf_fleet):
                 log(f"fleet in {each.namespace}: {each.discover():,} My found")

@@ -134,7 +134,11 @@ def write_markdown(path: Path, data: dict, before: dict | None = None) -> None:
            + (" (paged, 500 per page: issue 17a's streaming-list helper, bench/scale_bare.py, "
               "was not there)" if settings.get("bare_mode", "paged") == "paged" else
               " (issue 17a's bench/scale_bare.py: one streaming list per resource, or a paged "
-              "list where the apiserver refuses to stream)") + ".", ""]
+              "list where the apiserver refuses to stream)") + "."
+           + (" The fleet's Services are headless (`clusterIP: None`, --headless-services): "
+              "the apiserver allocates ClusterIPs one at a time at a cost that grows with "
+              "the fleet; neither operator reads the address." if settings.get(
+                  "headless_services") else ""), ""]
 
     out += ["### Per-object memory (slope of the settled RSS over the sizes)", "",
             "| | " + " | ".join(operators) + " |", "|---" * (len(operators) + 1) + "|",

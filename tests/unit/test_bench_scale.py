@@ -21,7 +21,7 @@ for _path in (BENCH, ROOT):
 import controller  # noqa: E402
 from convergence.operators import reconcile_total  # noqa: E402
 from scaling import analysis, report  # noqa: E402
-from scaling.fleet import Growth, finished_rollout_status, fleet_name  # noqa: E402
+from scaling.fleet import Growth, finished_rollout_status, fleet_name, fleet_service  # noqa: E402
 
 METRICS = """\
 # HELP controller_runtime_reconcile_total Total number of reconciliations per controller
@@ -163,6 +163,19 @@ def test_the_fleets_deployment_status_makes_the_operator_report_available_and_wr
     again = controller.desired_status(my, deployment, now="2026-12-02T00:00:00Z")
     assert not controller.status_changed(my["status"], again)
     assert not controller.needs_apply(controller.render_deployment(my), deployment)
+
+
+def test_a_headless_fleet_service_is_the_operators_service_without_an_address():
+    my = _my()
+    rendered, headless = controller.render_service(my), fleet_service(my, headless=True)
+    assert fleet_service(my) == rendered
+    assert headless["spec"].pop("clusterIP") == "None"
+    assert headless == rendered
+    # As the apiserver returns it (clusterIPs defaulted), the operator finds nothing to apply.
+    live = fleet_service(my, headless=True)
+    live["spec"]["clusterIPs"] = ["None"]
+    live["spec"]["sessionAffinity"] = "None"
+    assert not controller.needs_apply(controller.render_service(my), live)
 
 
 def test_growth_rates():
