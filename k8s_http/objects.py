@@ -9,6 +9,7 @@ import copy
 import datetime as _dt
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import quote
 
 __all__ = [
@@ -103,12 +104,14 @@ SUBJECTACCESSREVIEWS = Resource("authorization.k8s.io", "v1", "subjectaccessrevi
                                 "SubjectAccessReview")
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class ObjectKey:
+class ObjectKey(NamedTuple):
     """What a reconcile is about: namespace ("" for cluster-scoped) and name.
 
-    Slotted: the caches, their indexes and the queues hold several per object,
-    and a slotted instance is ~40 bytes smaller than one with a __dict__.
+    A named tuple: work queues, stores and reconcilers hash and compare keys
+    many times per object (a queued key alone, five times), and a tuple's hash
+    and equality are C code where a frozen dataclass's are a Python call each
+    (at start-up over 100,000 `My`, ~0.4 us a time). Equal to the plain tuple
+    (namespace, name); ordered by namespace, then name.
     """
 
     namespace: str
