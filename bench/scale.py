@@ -7,7 +7,9 @@
     python bench/scale.py --from-json bench/results/scale-<date>.json   # markdown only
     python bench/scaling/plane.py up /tmp/scale-plane     # a plane that outlives the run:
     python bench/scale.py --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
-    python bench/scale.py --cluster-dir ... --sizes 30000,100000 --headless-services   # 100,000
+    python bench/scale.py --cluster-dir DIR --sizes 0,1000,10000,30000,100000 --headless-services
+                                                        # to 100,000 (a new plane: not mixed
+                                                        # with a ClusterIP fleet grown earlier)
 
 A local control plane (tests/support/controlplane.py through the convergence
 bench's BenchCluster: audit log for the writes) with the Deployment and
