@@ -72,6 +72,7 @@ class PerObject:
         self.converged: dict[str, float] = {}
         self.steady: dict[str, float] = {}
         self.first_deployment: dict[str, float] = {}
+        self.first_service: dict[str, float] = {}
         self._agreeing: set[str] = set()
         self._mys: dict[str, dict] = {}
         self._deployments: dict[str, dict] = {}
@@ -92,6 +93,11 @@ class PerObject:
         elif kind == "deployment":
             self._deployments[name] = obj
             self.first_deployment.setdefault(name, at)
+        elif kind == "service":
+            # Not part of converged (the status reports on the Deployment), but a user
+            # who wants to reach the workload waits for it: reported beside it.
+            self.first_service.setdefault(name, at)
+            return
         else:
             return
         my = self._mys.get(name)
@@ -118,7 +124,8 @@ class PerObject:
         """Seconds: per-object p50/p99/max of create -> X, and the first create -> last X."""
         out: dict = {}
         for what, times in (("converged", self.converged), ("first_status", self.first_status),
-                            ("steady", self.steady), ("deployment", self.first_deployment)):
+                            ("steady", self.steady), ("deployment", self.first_deployment),
+                            ("service", self.first_service)):
             waits = sorted(times[n] - self.created[n] for n in times if n in self.created)
             if not waits:
                 continue

@@ -14,6 +14,8 @@ TABLES = {
               ("first_status_p50_seconds", "first status p50 (s)", "{:.2f}", "lower"),
               ("first_status_p99_seconds", "first status p99 (s)", "{:.2f}", "lower"),
               ("deployment_p50_seconds", "Deployment p50 (s)", "{:.2f}", "lower"),
+              ("service_p50_seconds", "Service p50 (s)", "{:.2f}", "lower"),
+              ("all_service_seconds", "all Services (s)", "{:.2f}", "lower"),
               ("all_steady_seconds", "all steady (s)", "{:.2f}", "lower"),
               ("cpu_seconds", "CPU (s)", "{:.2f}", "lower"),
               ("peak_rss_mib", "peak RSS (MiB)", "{:.0f}", "lower"),

@@ -177,6 +177,7 @@ def test_per_object_times_converged_first_status_and_steady():
     each.offer("deployment", _deployment(), 10.5)
     assert each.pending() == ["my-0000"]
     each.offer("my", _my(_progressing()), 11.0)             # early status: converged
+    each.offer("service", {"metadata": {"name": "my-0000"}}, 12.0)   # beside it, not in it
     each.offer("deployment", _deployment(observedGeneration=1, replicas=1, updatedReplicas=1),
                14.0)                                       # counts come: no longer agrees
     assert not each.all_agree()
@@ -187,6 +188,7 @@ def test_per_object_times_converged_first_status_and_steady():
     assert figures["first_status_max_seconds"] == pytest.approx(1.0)
     assert figures["steady_p99_seconds"] == pytest.approx(4.5)
     assert figures["deployment_p50_seconds"] == pytest.approx(0.5)
+    assert figures["service_p50_seconds"] == pytest.approx(2.0)
     assert figures["all_converged_seconds"] == pytest.approx(1.0)
     assert figures["converged_50pct_done_seconds"] == pytest.approx(1.0)
 
