@@ -8,8 +8,8 @@
     python bench/scaling/plane.py up /tmp/scale-plane     # a plane that outlives the run:
     python bench/scale.py --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
     python bench/scale.py --cluster-dir DIR --sizes 0,1000,10000,30000,100000 --headless-services
-                                                        # to 100,000 (a new plane: not mixed
-                                                        # with a ClusterIP fleet grown earlier)
+                                                        # to 100,000 (a plane whose fleet has
+                                                        # ClusterIP Services refuses the flag)
 
 A local control plane (tests/support/controlplane.py through the convergence
 bench's BenchCluster: audit log for the writes) with the Deployment and
@@ -67,7 +67,7 @@ from convergence.operators import (OperatorProcess, OurOperator, KopfOperator,  
                                    precompile, python_env)
 from scaling import analysis, report  # noqa: E402
 from scaling import bare as bare_client  # noqa: E402
-from scaling.fleet import Fleet  # noqa: E402
+from scaling.fleet import Fleet, FleetMismatch  # noqa: E402
 from scaling.plane import APISERVER_ARGS, plane_settings  # noqa: E402
 from tests.support import controlplane  # noqa: E402
 
@@ -344,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
                              for namespace in (NAMESPACE, KOPF_NAMESPACE))
         if args.cluster_dir is not None:       # a fleet an earlier run grew there is reused
             for each in (fleet, kopf_fleet):
-                log(f"fleet in {each.namespace}: {each.discover():,} My found")
+                try:
+                    log(f"fleet in {each.namespace}: {each.discover():,} My found")
+                except FleetMismatch as err:
+                    raise SystemExit(f"--cluster-dir: {err}") from None
             if fleet.size > args.sizes[0]:
                 raise SystemExit(f"--sizes: the fleet in {args.cluster_dir} already has "
                                  f"{fleet.size:,} My, more than {args.sizes[0]:,} (it only grows)")

@@ -38,7 +38,7 @@ import controller
 from convergence.cluster import MY
 from convergence.scenarios import my_object
 from k8s_http.client import ApiClient
-from k8s_http.errors import AlreadyExistsError
+from k8s_http.errors import AlreadyExistsError, NotFoundError
 from k8s_http.objects import DEPLOYMENTS, SERVICES, rfc3339_now
 
 REQUESTS_PER_MY = 5          # create My, apply Deployment, its status, apply Service, My status
@@ -103,6 +103,10 @@ def make_converged(client: ApiClient, namespace: str, name: str, *,
                         namespace=namespace)
 
 
+class FleetMismatch(Exception):
+    """The fleet found in a namespace was grown with other Services than asked for."""
+
+
 @dataclass
 class Growth:
     """One growth step: how many `My` were made and how fast."""
@@ -133,14 +137,33 @@ class Fleet:
         """Take over the fleet an earlier run left in the namespace (a plane that
         outlives runs: bench/scaling/plane.py); returns its size. The last `threads`
         `My` may have been cut short by an interrupted run: they are made again
-        (each step of make_converged is idempotent) by the next grow_to."""
+        (each step of make_converged is idempotent) by the next grow_to.
+
+        FleetMismatch when its first Service is headless and this Fleet's are not,
+        or the reverse: growing it would mix the two, which a report would not say.
+        """
         names = {item["metadata"]["name"]
                  for item in self.client.list(MY, namespace=self.namespace)["items"]}
         size = 0
         while fleet_name(size) in names:
             size += 1
+        if size:
+            self._check_services_are_alike()
         self.size = max(0, size - self.threads)
         return size
+
+    def _check_services_are_alike(self) -> None:
+        try:
+            first = self.client.get(SERVICES, fleet_name(0), namespace=self.namespace)
+        except NotFoundError:
+            return                  # cut short before its Service: made again by grow_to
+        headless = (first.get("spec") or {}).get("clusterIP") == "None"
+        if headless != self.headless:
+            found, asked = ("headless", "ClusterIP") if headless else ("ClusterIP", "headless")
+            flag = "with" if headless else "without"
+            raise FleetMismatch(
+                f"the fleet in namespace {self.namespace} has {found} Services and this run "
+                f"asks for {asked} ones: run {flag} --headless-services, or on an empty plane")
 
     def grow_to(self, target: int) -> Growth:
         if target <= self.size:

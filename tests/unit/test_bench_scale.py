@@ -283,6 +283,10 @@ def test_a_reused_fleet_is_taken_over_and_its_last_threads_are_made_again():
             assert namespace == "ns"
             return {"items": [{"metadata": {"name": n}} for n in self.names]}
 
+        def get(self, resource, name, *, namespace):
+            assert (resource.plural, name, namespace) == ("services", fleet_name(0), "ns")
+            return {"spec": {"clusterIP": "10.0.0.10"}}
+
     # s-000000 .. s-000099, then a gap: only the unbroken run from 0 counts.
     names = [fleet_name(i) for i in range(100)] + [fleet_name(150), "someone-elses"]
     fleet = Fleet(Listing(names), "ns", threads=16)
@@ -291,3 +295,30 @@ def test_a_reused_fleet_is_taken_over_and_its_last_threads_are_made_again():
     assert Fleet(Listing([]), "ns", threads=16).discover() == 0
     small = Fleet(Listing([fleet_name(0)]), "ns", threads=16)
     assert small.discover() == 1 and small.size == 0
+
+
+def test_a_reused_fleet_of_other_services_than_asked_for_is_refused():
+    from scaling.fleet import Fleet, FleetMismatch
+    from k8s_http.errors import NotFoundError
+
+    class Plane:
+        def __init__(self, service):
+            self.service = service
+
+        def list(self, resource, *, namespace):
+            return {"items": [{"metadata": {"name": fleet_name(i)}} for i in range(3)]}
+
+        def get(self, resource, name, *, namespace):
+            if self.service is None:
+                raise NotFoundError("services s-000000 not found")
+            return self.service
+
+    clusterip, headless = {"spec": {"clusterIP": "10.0.0.10"}}, {"spec": {"clusterIP": "None"}}
+    assert Fleet(Plane(headless), "ns", headless=True).discover() == 3
+    assert Fleet(Plane(clusterip), "ns").discover() == 3
+    assert Fleet(Plane(None), "ns", headless=True).discover() == 3     # cut short: no answer
+    with pytest.raises(FleetMismatch, match="has ClusterIP Services and this run asks for "
+                                            "headless ones: run without --headless-services"):
+        Fleet(Plane(clusterip), "ns", headless=True).discover()
+    with pytest.raises(FleetMismatch, match="has headless Services .* run with --headless"):
+        Fleet(Plane(headless), "ns").discover()
