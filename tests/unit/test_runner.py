@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -536,16 +535,19 @@ def test_an_idle_worker_blocks_on_the_queue_until_a_key_or_the_shutdown():
     # does) wakes it without waiting out its idle wait.
     queue = WorkQueue("idle")
     waits = []
+    both_waiting = threading.Event()
     real_get = queue.get
 
     def counting_get(timeout_seconds=None):
         waits.append(timeout_seconds)
+        if len(waits) == 2:
+            both_waiting.set()
         return real_get(timeout_seconds)
     queue.get = counting_get
     reconciled = threading.Event()
     runner = Runner("idle", queue, lambda key: reconciled.set(), workers=2, idle_seconds=60.0)
     runner.start()
-    time.sleep(0.5)
+    assert both_waiting.wait(5)
     assert waits == [60.0, 60.0]
     queue.add("k")                         # a key wakes a blocked worker at once
     assert reconciled.wait(5)
