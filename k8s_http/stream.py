@@ -1,8 +1,10 @@
-"""The watch `Stream`: the body of a 200 GET, read and de-framed as it arrives.
+"""Response bodies: whole (`read_body`), or as they arrive (the watch `Stream`).
 
-Bypasses `http.client`'s lenient body parsing: the chunked body is de-framed
-by `watchproto.ChunkedDecoder` (strict) and read with `read1()`, so events
-are not held back, each read bounded by the connection's `Deadline`.
+Both read the connection's buffered reader, each read bounded by the
+connection's `Deadline`, and de-frame a chunked body with
+`watchproto.ChunkedDecoder` (strict: a desynchronised body is a
+`ProtocolError`, never garbage handed to the JSON decoder). A `Stream` reads
+with `read1()`, so events are not held back.
 """
 
 from __future__ import annotations
@@ -11,11 +13,33 @@ import http.client
 import socket
 import threading
 
-from .connection import READ_BYTES, Deadline
+from .connection import READ_BYTES, Deadline, ResponseHead
 from .errors import ApiConnectionError, ApiTimeoutError
 from .watchproto import ChunkedDecoder
 
-__all__ = ["Stream"]
+__all__ = ["Stream", "read_body"]
+
+
+def read_body(head: ResponseHead) -> bytes:
+    """The whole body of a response whose head was just read. A body cut short
+    raises http.client.IncompleteRead (the connection was lost: a GET may be
+    sent again); broken chunk framing raises ProtocolError."""
+    fp = head.fp
+    if head.chunked:
+        decoder = ChunkedDecoder()
+        parts = []
+        while not decoder.done:
+            data = fp.read1(READ_BYTES)
+            if not data:
+                raise http.client.IncompleteRead(b"".join(parts))
+            parts.append(decoder.feed(data))
+        return b"".join(parts)
+    if head.length is None:
+        return fp.read()                # delimited by the server closing the connection
+    data = fp.read(head.length) if head.length else b""
+    if len(data) < head.length:
+        raise http.client.IncompleteRead(data, head.length - len(data))
+    return data
 
 
 class Stream:
@@ -26,24 +50,21 @@ class Stream:
     unblocks a read in progress.
     """
 
-    def __init__(self, conn, resp: http.client.HTTPResponse, *, read_timeout_seconds: float,
+    def __init__(self, conn, head: ResponseHead, *, read_timeout_seconds: float,
                  path: str = ""):
-        self.status = resp.status
-        self.headers = resp.headers
+        self.status = head.status
+        self.headers = head.headers
         self.path = path
         self._conn = conn
-        self._resp = resp
         self._sock = conn.sock
-        # Bypass http.client's (lenient) body parsing: read the buffered
-        # socket file it read the headers from, and de-frame ourselves.
-        self._fp = resp.fp
+        self._fp = head.fp              # the connection's reader, just past the headers
         self._limits: Deadline = conn.limits
         self._limits.deadline = None
         self._limits.read_timeout = read_timeout_seconds
         self.read_timeout_seconds = read_timeout_seconds
-        self._decoder = ChunkedDecoder() if resp.chunked else None
+        self._decoder = ChunkedDecoder() if head.chunked else None
         # Content-Length bytes left, or None: chunked, or delimited by EOF.
-        self._remaining = None if resp.chunked else resp.length
+        self._remaining = None if head.chunked else head.length
         self._ended = False         # the body ended cleanly
         self._lock = threading.Lock()
         # Invariants: once _closed is set it stays set; the socket is
@@ -128,7 +149,6 @@ class Stream:
             if self._released:
                 return
             self._released = True
-        self._resp.close()
         self._conn.close()
 
     def __enter__(self) -> "Stream":

@@ -31,11 +31,12 @@ from urllib.parse import unquote, urlencode, urlsplit
 from . import errors
 from .backoff import TokenBucket
 from .config import ClusterConfig, CredentialError
-from .connection import LOST, HTTPConnection, HTTPSConnection, is_dropped
+from .connection import (LOST, Headers, HTTPConnection, HTTPSConnection, ResponseHead,
+                         is_dropped, read_response_head)
 from .defaults import WATCH_STALL_TIMEOUT_SECONDS
 from .errors import ApiConnectionError, ApiTimeoutError, K8sHttpError, ProtocolError
 from .metrics import Metrics
-from .stream import Stream
+from .stream import Stream, read_body
 
 __all__ = ["Transport", "Response", "Stream", "DEFAULT_USER_AGENT", "user_agent"]
 
@@ -65,7 +66,7 @@ class Response:
 
     __slots__ = ("status", "headers", "body", "_json")
 
-    def __init__(self, status: int, headers: http.client.HTTPMessage, body: bytes):
+    def __init__(self, status: int, headers: Headers, body: bytes):
         self.status = status
         self.headers = headers
         self.body = body
@@ -137,6 +138,7 @@ class Transport:
         self._https = url.scheme == "https"
         self._server_host = url.hostname
         self._server_port = url.port or (443 if self._https else 80)
+        self._host_header = _host_header(url.hostname, url.port, self._https)
         self._base_path = url.path.rstrip("/")
         self.host = url.netloc          # "127.0.0.1:6443": the metrics label
         # (code, method) -> the two labelled request metrics (see _count); a dict
@@ -259,10 +261,10 @@ class Transport:
         conn = None
         try:
             conn = self._checkout(fresh)
-            resp = self._send(conn, method, target, body, content_type, started + timeout)
-            code = str(resp.status)
-            self._check_encoding(resp, method, path)
-            data = resp.read()      # every read bounded by the total deadline
+            head = self._send(conn, method, target, body, content_type, started + timeout)
+            code = str(head.status)
+            self._check_encoding(head, method, path)
+            data = read_body(head)  # every read bounded by the total deadline
         except BaseException as e:
             if conn is not None:
                 conn.close()
@@ -271,11 +273,11 @@ class Transport:
             self._count(code, method, started)
         log.debug("%s %s -> %s (%d bytes) in %.3fs", method, path, code, len(data),
                   time.monotonic() - started)
-        if resp.will_close or conn.sock is None:
+        if head.will_close:
             conn.close()
         else:
             self._checkin(conn)
-        return Response(resp.status, resp.headers, data)
+        return Response(head.status, head.headers, data)
 
     def _attempt_stream(self, path: str, target: str, read_timeout_seconds: float):
         started = time.monotonic()
@@ -284,15 +286,15 @@ class Transport:
         try:
             conn = self._connect()  # dedicated: a stream never comes from or goes to the pool
             deadline = started + self.request_timeout_seconds
-            resp = self._send(conn, "GET", target, None, None, deadline)
-            code = str(resp.status)
-            self._check_encoding(resp, "GET", path)
-            if resp.status != 200:
-                data = resp.read()
+            head = self._send(conn, "GET", target, None, None, deadline)
+            code = str(head.status)
+            self._check_encoding(head, "GET", path)
+            if head.status != 200:
+                data = read_body(head)
                 conn.close()
-                return Response(resp.status, resp.headers, data)
+                return Response(head.status, head.headers, data)
             log.debug("GET %s -> 200 (stream)", path)
-            return Stream(conn, resp, read_timeout_seconds=read_timeout_seconds, path=path)
+            return Stream(conn, head, read_timeout_seconds=read_timeout_seconds, path=path)
         except BaseException as e:
             if conn is not None:
                 conn.close()
@@ -301,29 +303,28 @@ class Transport:
             self._count(code, "GET", started)
 
     def _send(self, conn, method: str, target: str, body: bytes | None,
-              content_type: str | None, deadline: float) -> http.client.HTTPResponse:
+              content_type: str | None, deadline: float) -> ResponseHead:
         """Send the request and read the status line and headers; the body is left unread."""
         headers = self._headers(method, body, content_type)
         limits = conn.limits
         limits.read_timeout = None
+        # The header timeout bounds the send too.
         limits.deadline = min(deadline, time.monotonic() + self.header_timeout_seconds)
-        conn.sock.settimeout(limits.socket_timeout())    # bounds the send too
-        # putrequest rather than request(): request() would add Accept-Encoding.
-        conn.putrequest(method, target, skip_accept_encoding=True)
-        for name, value in headers.items():
-            conn.putheader(name, value)
-        conn.endheaders(body)
-        resp = conn.getresponse()
+        conn.send_request(method, target, headers, body)
+        head = read_response_head(conn.reader, method)
         limits.deadline = deadline
-        return resp
+        return head
 
     def _headers(self, method: str, body: bytes | None, content_type: str | None) -> dict:
-        headers = {"User-Agent": self.user_agent, "Accept": "application/json"}
+        # No Accept-Encoding: the answer comes uncompressed (see _check_encoding).
+        headers = {"Host": self._host_header, "User-Agent": self.user_agent,
+                   "Accept": "application/json"}
         creds = self.config.credentials
         token = creds.token() if creds is not None else None
         if token:
             if not _header_safe(token):
-                # http.client would raise with the header value in the message.
+                # A ValueError about the header would be the only trace, and the
+                # token must not reach a message.
                 raise CredentialError(repr(creds), "the bearer token contains characters not "
                                       "allowed in an HTTP header",
                                       "check the token file or the plugin's output")
@@ -335,8 +336,8 @@ class Transport:
             headers["Content-Length"] = "0"
         return headers
 
-    def _check_encoding(self, resp, method: str, path: str) -> None:
-        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+    def _check_encoding(self, head: ResponseHead, method: str, path: str) -> None:
+        encoding = (head.headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding != "identity":
             # We never send Accept-Encoding, so a compressed body is a broken server or proxy.
             raise ProtocolError(f"{method} {path}: response has Content-Encoding "
@@ -462,6 +463,15 @@ class Transport:
 
     def __repr__(self) -> str:
         return f"Transport({self.config.server!r})"
+
+
+def _host_header(hostname: str, port: int | None, https: bool) -> str:
+    """The Host header for the apiserver (through a proxy's tunnel too), as http.client
+    wrote it: the port only when it is not the scheme's default, IPv6 in brackets."""
+    host = f"[{hostname}]" if ":" in hostname else hostname
+    if port is None or port == (443 if https else 80):
+        return host
+    return f"{host}:{port}"
 
 
 def _query_value(value) -> str:
