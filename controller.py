@@ -920,14 +920,20 @@ class MyReconciler:
     def _desired(self, key: ObjectKey, my: dict) -> tuple[list[str], tuple[dict, ...]]:
         """validate_my(my), and the children rendered when it finds nothing.
 
-        Remembered for the last RENDER_MEMO_SIZE versions of My objects: a new My
-        is reconciled a second time when its Deployment's controller answers, from
-        the same My version, and validating and rendering (with the canonical JSON
-        of the config hash) was a fifth of a burst's CPU. Same version, same
-        object, same answer. The children are remembered packed (k8s_http.pack:
-        ~1 kB where their dicts take ~7 kB) and every answer is a new copy.
+        Remembered for the last RENDER_MEMO_SIZE generations of My objects: a new
+        My is reconciled again when its Deployment's controller answers (after our
+        status write, so from another resourceVersion of the same generation), and
+        validating and rendering (with the canonical JSON of the config hash) was a
+        fifth of a burst's CPU. Both read only the name, namespace, uid and spec,
+        and the spec cannot change without the generation (the status subresource
+        is on); an object without a generation is remembered by resourceVersion.
+        The children are remembered packed (k8s_http.pack: ~1 kB where their dicts
+        take ~7 kB) and every answer is a new copy.
         """
-        version = (key, meta_of(my).get("uid"), resource_version_of(my))
+        meta = meta_of(my)
+        generation = meta.get("generation")
+        version = (key, meta.get("uid"),
+                   generation if isinstance(generation, int) else resource_version_of(my))
         if version[2] is not None:
             with self._rendered_lock:
                 remembered = self._rendered.get(version)

@@ -1554,26 +1554,43 @@ def test_a_webhook_that_puts_the_entry_back_is_left_alone_after_one_try(mgr, rec
         assert mgr.client.writes() == []
 
 
-def test_validation_and_rendering_are_remembered_per_my_version_and_bounded(
+def test_validation_and_rendering_are_remembered_per_my_generation_and_bounded(
         mgr, reconciler, monkeypatch):
     calls = []
     real_validate = controller.validate_my
     monkeypatch.setattr(controller, "validate_my", lambda my: calls.append(1) or real_validate(my))
-    my = mgr.stores[MY].get(KEY)
+    my = copy.deepcopy(mgr.stores[MY].get(KEY))
+    my["metadata"]["generation"] = 1
     first = reconciler._desired(KEY, my)
     again = reconciler._desired(KEY, my)
     assert again == first and len(calls) == 1
     # Each answer is the caller's own copy: editing one changes no later answer.
     again[1][0]["spec"]["replicas"] = 42
     assert reconciler._desired(KEY, my) == first and len(calls) == 1
+    # Our status write gives the My a new resourceVersion, not a new generation.
+    status_written = copy.deepcopy(my)
+    status_written["metadata"]["resourceVersion"] = "998"
+    status_written["status"] = {"observedGeneration": 1}
+    assert reconciler._desired(KEY, status_written) == first and len(calls) == 1
     newer = copy.deepcopy(my)
     newer["metadata"]["resourceVersion"] = "999"
+    newer["metadata"]["generation"] = 2
     newer["spec"]["replicas"] = 5
     problems, (deployment, _service) = reconciler._desired(KEY, newer)
     assert problems == [] and deployment["spec"]["replicas"] == 5 and len(calls) == 2
+    # Another object of the same name (a new uid) is rendered anew.
+    recreated = copy.deepcopy(newer)
+    recreated["metadata"]["uid"] = "another-uid"
+    reconciler._desired(KEY, recreated)
+    assert len(calls) == 3
+    # Without a generation, the resourceVersion tells versions apart.
+    no_generation = copy.deepcopy(newer)
+    del no_generation["metadata"]["generation"]
+    no_generation["spec"]["replicas"] = 6
+    assert reconciler._desired(KEY, no_generation)[1][0]["spec"]["replicas"] == 6
     monkeypatch.setattr(controller, "RENDER_MEMO_SIZE", 3)
-    for rv in range(10):
+    for generation in range(10, 20):
         other = copy.deepcopy(my)
-        other["metadata"]["resourceVersion"] = f"r{rv}"
+        other["metadata"]["generation"] = generation
         reconciler._desired(KEY, other)
     assert len(reconciler._rendered) == 3
