@@ -64,14 +64,24 @@ def covers(desired: object, live: object, path: tuple[str, ...] = ()) -> bool:
     if isinstance(desired, dict):
         if not isinstance(live, dict):
             return False
-        quantities = path[-2:] in _QUANTITY_MAPS
+        if path[-2:] in _QUANTITY_MAPS:
+            return all(key in live and same_quantity(want, live[key])
+                       for key, want in desired.items())
         for key, want in desired.items():
             if key not in live:
                 return False
-            if quantities:
-                if not same_quantity(want, live[key]):
+            have = live[key]
+            # Strings and integers, most of an apply configuration, are compared
+            # here rather than by a call each (the same rules as the end of this
+            # function: an int never covers or is covered by a bool).
+            kind = want.__class__
+            if kind is str:
+                if want != have:
                     return False
-            elif not covers(want, live[key], path + (key,)):
+            elif kind is int:
+                if have.__class__ is bool or want != have:
+                    return False
+            elif not covers(want, have, path + (key,)):
                 return False
         return True
     if isinstance(desired, list):

@@ -7,6 +7,8 @@ Deployment and Service the controller renders, against a fake apiserver's defaul
 import copy
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from k8s_http import config_hash, needs_apply, port_key, with_config_hash
 from k8s_http.applydiff import covers
@@ -119,3 +121,80 @@ def test_the_config_hash_makes_a_field_no_longer_sent_visible():
     assert config_hash(with_config_hash(copy.deepcopy(DESIRED), ann), ann) == \
         config_hash(before, ann)                      # the same configuration, the same hash
     assert config_hash(None, ann) is None and config_hash({"metadata": {}}, ann) is None
+
+
+# ---- covers against its definition, on random objects
+
+class _Str(str):
+    """A string that covers() cannot take its fast path for (it tests the exact class)."""
+
+
+class _Int(int):
+    """The same for an integer."""
+
+
+def _without_fast_path(value):
+    if isinstance(value, dict):
+        return {k: _without_fast_path(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_fast_path(v) for v in value]
+    if value.__class__ is str:
+        return _Str(value)
+    if value.__class__ is int:
+        return _Int(value)
+    return value
+
+
+def reference_covers(desired, live):
+    """covers() with every string and integer field going through its general
+    case, one call per value (the rules the fast path must follow)."""
+    return covers(_without_fast_path(desired), live)
+
+
+_KEYS = st.sampled_from(["name", "image", "resources", "requests", "limits", "cpu",
+                         "containers", "ports", "env", "port", "value", "uid"])
+_LEAVES = st.one_of(st.sampled_from(["a", "1", "1000m", "1Gi", "1024Mi", ""]),
+                    st.integers(-1, 2), st.booleans(), st.just(1.0), st.none())
+_VALUES = st.recursive(_LEAVES, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(desired=st.dictionaries(_KEYS, _VALUES, max_size=4), live=st.dictionaries(_KEYS, _VALUES, max_size=4),
+       data=st.data())
+def test_covers_answers_as_its_definition_on_random_objects(desired, live, data):
+    def answer(function, want, have):
+        # A list-map item that is not a map, or a key that is not hashable, is
+        # outside what an apply configuration holds: both fail on it, the same way.
+        try:
+            return function(want, have)
+        except (AttributeError, TypeError) as error:
+            return type(error)
+
+    assert answer(covers, desired, live) == answer(reference_covers, desired, live)
+    # Against a live object grown from a copy of the desired one, so that
+    # "covered" answers are common too.
+    grown = copy.deepcopy(desired)
+    grown.update(data.draw(st.dictionaries(_KEYS, _VALUES, max_size=2)))
+    assert answer(covers, desired, grown) == answer(reference_covers, desired, grown)
+    # ... and one where some of the copy's leaves were swapped for others
+    # (1 for True, "1" for 1, 1.0 for 1, ...).
+    def swap(value):
+        if isinstance(value, dict):
+            return {k: swap(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [swap(v) for v in value]
+        return data.draw(_LEAVES) if data.draw(st.booleans()) else value
+
+    swapped = swap(desired)
+    assert answer(covers, desired, swapped) == answer(reference_covers, desired, swapped)
+
+
+@pytest.mark.parametrize("want, have, covered", [
+    (1, True, False), (True, 1, False), (0, False, False), (True, True, True),
+    (1, 1.0, True), ("1", 1, False), (1, "1", False), ("a", "a", True), ("a", None, False),
+])
+def test_a_field_is_covered_by_an_equal_json_value_and_an_int_never_by_a_bool(want, have,
+                                                                              covered):
+    assert covers({"spec": {"field": want}}, {"spec": {"field": have}}) is covered
+    assert reference_covers({"spec": {"field": want}}, {"spec": {"field": have}}) is covered
