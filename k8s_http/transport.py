@@ -383,18 +383,20 @@ class Transport:
 
     def _checkout(self, fresh: bool):
         """An idle pooled connection (unless `fresh`), else a new one."""
-        stale = []
-        conn = None
-        with self._lock:
-            while not fresh and self._idle:
-                candidate = self._idle.pop()
-                if candidate.generation == self._generation and not is_dropped(candidate.sock):
-                    conn = candidate
+        while not fresh:
+            with self._lock:
+                if not self._idle:
                     break
-                stale.append(candidate)
-        for c in stale:
-            c.close()
-        return conn if conn is not None else self._connect()
+                candidate = self._idle.pop()
+                current = candidate.generation == self._generation
+            # Checked outside the lock: is_dropped is a system call, which lets
+            # other threads run, and the lock would stay held until this thread
+            # got the interpreter back (every other request's checkin and checkout
+            # waiting on it meanwhile).
+            if current and not is_dropped(candidate.sock):
+                return candidate
+            candidate.close()
+        return self._connect()
 
     def _checkin(self, conn) -> None:
         with self._lock:
