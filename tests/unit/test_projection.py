@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http import DroppedFieldRead, Projection
+from k8s_http import DroppedFieldRead, Projection, shapes
+from k8s_http.packed import seal, unpack
 from k8s_http.projection import Interner
 from k8s_http.store import Store
 
@@ -397,3 +398,157 @@ def test_a_declaration_too_deep_to_compile_is_packed_by_the_generic_walk():
     for i in range(packcode.MAX_DEPTH + 3):
         node = node.setdefault(f"k{i}", {})
     assert unpack(projection.pack(obj)) == projection(obj)
+
+
+# ---- packing by shape (k8s_http.shapes): an object of a learned shape is packed
+# by its extractor exactly as the walk packs it; one of any other shape is left to the walk.
+def projection() -> Projection:
+    """A Deployment-like declaration with every kind of place: declared maps and
+    lists, leaves, values kept whole (labels), distinct and repeated strings."""
+    return Projection([
+        "apiVersion", "kind", "metadata.name", "metadata.namespace", "metadata.resourceVersion",
+        "metadata.labels", ("metadata", "annotations", "mine.jp/config-hash"),
+        "spec.replicas", "spec.template.spec.containers[].name",
+        "spec.template.spec.containers[].image", "spec.template.spec.containers[].env",
+        "status.conditions[].type", "status.conditions[].reason",
+        "status.conditions[].message",
+    ], distinct=["metadata.resourceVersion", ("metadata", "annotations", "mine.jp/config-hash")],
+        repeated=["status.conditions[].message"], interner=Interner())
+
+
+def walked(p: Projection, obj: dict) -> tuple:
+    """`obj` packed by the compiled walk alone, as Projection.pack does without shapes."""
+    leaves: list = []
+    signature: list = [p._signature_head]
+    p._packer(obj, p._bound_intern(), p._repeated_intern(), leaves.append, signature.append)
+    return seal(signature, leaves, lambda: p._shape_of(obj, len(leaves)))
+
+
+def extracted(p: Projection, obj: dict) -> list:
+    """What each learned extractor answers for `obj` (None: not its shape)."""
+    return [extract(obj, p._bound_intern(), p._repeated_intern()) for extract in p._shapes.known]
+
+
+def test_a_shape_is_learned_on_its_second_sighting_and_then_packs_as_the_walk():
+    p = projection()
+    p.pack(deployment("a", rv="7"))
+    assert p._shapes.known == ()
+    p.pack(deployment("b", rv="8"))
+    assert len(p._shapes.known) == 1
+    third = deployment("c", rv="9", image="other:3")
+    hits = p._shapes.hits
+    packed = p.pack(copy.deepcopy(third))
+    assert p._shapes.hits == hits + 1
+    assert packed == walked(p, third)             # the same layout, the same leaves
+    assert unpack(packed) == p(third)
+    assert list(unpack(packed)["metadata"]) == list(p(third)["metadata"])
+
+
+def _set(path: tuple, value: object):
+    def change(obj: dict) -> None:
+        node = obj
+        for step in path[:-1]:
+            node = node[step]
+        node[path[-1]] = value
+    return change
+
+
+def _drop(path: tuple):
+    def change(obj: dict) -> None:
+        node = obj
+        for step in path[:-1]:
+            node = node[step]
+        del node[path[-1]]
+    return change
+
+
+CONTAINERS = ("spec", "template", "spec", "containers")
+SHAPE_CHANGES = {
+    "declared key gone": _drop(("metadata", "namespace")),
+    "declared map gone": _drop(("status",)),
+    "leaf of another class": _set(("spec", "replicas"), "3"),
+    "leaf turned bool": _set(("spec", "replicas"), True),
+    "leaf turned map": _set(("metadata", "name"), {"a": "b"}),
+    "declared map turned list": _set(("metadata",), []),
+    "declared list turned map": _set(CONTAINERS, {"name": "x"}),
+    "declared list longer": lambda d: d["spec"]["template"]["spec"]["containers"].append(
+        {"name": "third"}),
+    "declared list item not a map": lambda d: d["status"]["conditions"].append("text"),
+    "whole map keys in another order": _set(("metadata", "labels"), {"tier": "web", "app": "x"}),
+    "whole map with another key": _set(("metadata", "labels"), {"app": "x", "zone": "web"}),
+    "whole map leaf of another class": _set(("metadata", "labels"), {"app": "x", "tier": 1}),
+    "whole list shorter": lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].pop(),
+    "whole list item of another class": lambda d: d["spec"]["template"]["spec"]["containers"][0]
+    ["env"].__setitem__(0, None),
+    "whole value a dict subclass": _set(("metadata", "labels"), type("Sub", (dict,), {})(
+        app="x", tier="web")),
+    "distinct digits turned text": _set(("metadata", "resourceVersion"), "v8"),
+    "distinct text turned digits": _set(("metadata", "annotations", "mine.jp/config-hash"), "12"),
+    "distinct not a string": _set(("metadata", "resourceVersion"), 8),
+    "repeated not a string": lambda d: d["status"]["conditions"][0].update(message=None),
+    "a str subclass leaf": _set(("metadata", "name"), type("S", (str,), {})("web")),
+}
+
+
+@pytest.mark.parametrize("change", list(SHAPE_CHANGES.values()), ids=list(SHAPE_CHANGES))
+def test_an_object_of_another_shape_is_refused_and_packed_by_the_walk(change):
+    p = projection()
+    p.pack(deployment("a"))
+    p.pack(deployment("b"))
+    assert len(p._shapes.known) == 1
+    obj = deployment("c")
+    change(obj)
+    assert extracted(p, obj) == [None]
+    assert p.pack(copy.deepcopy(obj)) == walked(p, obj)
+
+
+def test_keys_the_declaration_does_not_read_do_not_change_the_shape():
+    p = projection()
+    p.pack(deployment("a"))
+    p.pack(deployment("b"))
+    obj = deployment("c")
+    obj["metadata"]["finalizers"] = ["x"]
+    obj["spec"]["paused"] = True
+    del obj["metadata"]["creationTimestamp"]
+    assert extracted(p, obj) == [walked(p, obj)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(_NAMES, _VALUES, max_size=6), max_size=8))
+def test_every_extractor_answers_as_the_walk_or_not_at_all(objs):
+    p = projection()
+    for obj in objs * 2:                 # each shape seen twice: learned
+        assert unpack(p.pack(obj)) == p(obj)
+    for obj in objs:
+        want = walked(p, obj)
+        assert p.pack(obj) == want
+        for answer in extracted(p, obj):
+            assert answer is None or answer == want
+
+
+def test_a_shape_of_an_unlearnable_object_is_none():
+    p = projection()
+    markers = {"distinct_marker": "\0distinct", "repeated_marker": "\0repeated",
+               "digits": lambda s: None}
+    assert shapes.shape_under([], p._tree, p._list_nodes, **markers) is None
+    big = deployment()
+    big["metadata"]["labels"] = {f"k{i}": "v" for i in range(shapes.MAX_NODES)}
+    assert shapes.shape_under(big, p._tree, p._list_nodes, **markers) is None
+    star = Projection(["metadata.labels.*"], interner=Interner())
+    assert shapes.shape_under(deployment(), star._tree, star._list_nodes, **markers) is None
+
+
+def test_learning_slows_down_where_shapes_keep_changing():
+    learned = shapes.LearnedShapes()
+    misses = shapes.LEARN_FREELY + 10 * shapes.LEARN_EVERY
+    looked = sum(learned.should_learn() for _ in range(misses))
+    assert looked == shapes.LEARN_FREELY + 10
+    learned.hits = 2 * learned.misses             # shapes that match: learn freely again
+    assert all(learned.should_learn() for _ in range(5))
+
+
+def test_a_shape_is_forgotten_once_newer_ones_fill_the_table():
+    learned = shapes.LearnedShapes()
+    for n in range(shapes.MAX_SHAPES + 2):
+        learned.learn(n)
+    assert learned.known == tuple(range(shapes.MAX_SHAPES + 1, 1, -1))
