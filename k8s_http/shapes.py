@@ -11,16 +11,16 @@ and compiles for it an extractor: code that checks that an object has exactly
 that shape, at every place the projection reads, and returns its packed form
 (the layout the walk made for that shape, then the leaves), or None at the
 first difference. An object of no learned shape is packed by the walk, as
-before. Over a recorded start-up of 30,000 `My` the walk was a third of the
-operator's CPU.
+before. Over a recorded start-up of 30,000 `My` the walk was about a third of
+the operator's CPU; with the extractors that start-up takes ~0.9x the CPU.
 
 Why an extractor's answer equals the walk's: its checks fix everything the
 walk branches on (a key there or not, a leaf's class, a list's length, a
 whole value's keys in order and its leaves' classes), so on an object that
 passes them the walk appends the same leaves in the same order, in the
 layout it made for the object the shape was learned from (same shape, same
-compact signature, same layout). `Projection.pack` checks the leaf count
-when it learns a shape, and tests compare the two on random objects.
+compact signature, same layout). `Projection` learns a shape only when its
+extractor's leaf count is the walk's, and tests compare the two on random objects.
 
 A shape is made of exact classes only: dict, list, and leaves of class str,
 int (interned, as the walk does), bool, float or None (kept as they are). A

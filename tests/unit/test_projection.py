@@ -552,3 +552,14 @@ def test_a_shape_is_forgotten_once_newer_ones_fill_the_table():
     for n in range(shapes.MAX_SHAPES + 2):
         learned.learn(n)
     assert learned.known == tuple(range(shapes.MAX_SHAPES + 1, 1, -1))
+
+
+def test_an_extractor_whose_leaf_count_differs_from_the_walks_is_not_learned(monkeypatch):
+    from k8s_http import projection as projection_module
+    real = projection_module.compile_extractor
+    monkeypatch.setattr(projection_module, "compile_extractor",
+                        lambda *args, **kw: (real(*args, **kw)[0], -1))
+    p = projection()
+    for name in "abc":
+        assert unpack(p.pack(deployment(name))) == p(deployment(name))
+    assert p._shapes.known == ()
