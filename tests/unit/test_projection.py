@@ -402,6 +402,7 @@ def test_a_declaration_too_deep_to_compile_is_packed_by_the_generic_walk():
 
 # ---- packing by shape (k8s_http.shapes): an object of a learned shape is packed
 # by its extractor exactly as the walk packs it; one of any other shape is left to the walk.
+
 def projection() -> Projection:
     """A Deployment-like declaration with every kind of place: declared maps and
     lists, leaves, values kept whole (labels), distinct and repeated strings."""
@@ -444,22 +445,18 @@ def test_a_shape_is_learned_on_its_second_sighting_and_then_packs_as_the_walk():
     assert list(unpack(packed)["metadata"]) == list(p(third)["metadata"])
 
 
+def _parent(obj: dict, path: tuple) -> dict:
+    for step in path[:-1]:
+        obj = obj[step]
+    return obj
+
+
 def _set(path: tuple, value: object):
-    def change(obj: dict) -> None:
-        node = obj
-        for step in path[:-1]:
-            node = node[step]
-        node[path[-1]] = value
-    return change
+    return lambda obj: _parent(obj, path).__setitem__(path[-1], value)
 
 
 def _drop(path: tuple):
-    def change(obj: dict) -> None:
-        node = obj
-        for step in path[:-1]:
-            node = node[step]
-        del node[path[-1]]
-    return change
+    return lambda obj: _parent(obj, path).__delitem__(path[-1])
 
 
 CONTAINERS = ("spec", "template", "spec", "containers")
