@@ -40,22 +40,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT / "bench", ROOT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-from controller import MANAGED_SELECTOR, MY, PROJECTIONS  # noqa: E402
+from controller import MY, PROJECTIONS  # noqa: E402
 from k8s_http.client import ApiClient, WatchStream  # noqa: E402
 from k8s_http.config import load_config  # noqa: E402
 from k8s_http.errors import K8sHttpError  # noqa: E402
 from k8s_http.informer import Informer, own_key, owner_key  # noqa: E402
-from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
 from k8s_http.watcher import INITIAL_EVENTS_END  # noqa: E402
 from k8s_http.workqueue import WorkQueue  # noqa: E402
+from scaling import bare as bare_client  # noqa: E402
 
-# What the operator's informers read at start-up: resource, label selector, key mapper.
-READS = ((MY, None, own_key),
-         (DEPLOYMENTS, MANAGED_SELECTOR, owner_key(MY.kind, MY.group)),
-         (SERVICES, MANAGED_SELECTOR, owner_key(MY.kind, MY.group)))
+# What the operator's informers read at start-up (the bare client's reads), with
+# the key mapper each informer hands its objects to: resource, label selector, mapper.
+READS = tuple((resource, selector, own_key if resource is MY else owner_key(MY.kind, MY.group))
+              for resource, selector in bare_client.READS)
 # Replayed bytes come in reads of this size, as a socket hands them over.
 READ_BYTES = 64 * 1024
 _END_MARK = INITIAL_EVENTS_END.encode()

@@ -247,6 +247,14 @@ class Projection:
             if packed is not None:
                 shapes.hits += 1
                 return packed
+        packed = self._walk_pack(obj, intern, repeated)
+        if self._packer is not None and shapes.should_learn():
+            self._learn(obj, packed)
+        return packed
+
+    def _walk_pack(self, obj: dict, intern, repeated) -> tuple:
+        """`obj` packed by the walk: the compiled one, or the generic one when the
+        declaration is too deep to compile."""
         leaves: list = []
         if self._packer is None:
             signature: list = []
@@ -254,10 +262,7 @@ class Projection:
             return seal(signature, leaves)
         signature = [self._signature_head]
         self._packer(obj, intern, repeated, leaves.append, signature.append)
-        packed = seal(signature, leaves, lambda: self._shape_of(obj, len(leaves)))
-        if shapes.should_learn():
-            self._learn(obj, packed)
-        return packed
+        return seal(signature, leaves, lambda: self._shape_of(obj, len(leaves)))
 
     def _learn(self, obj: dict, packed: tuple) -> None:
         """Learn the shape of `obj` (just packed by the walk) on its second sighting:

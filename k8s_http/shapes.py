@@ -34,6 +34,7 @@ and the layout are passed in as arguments, so no key text is ever part of it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 __all__ = ["LearnedShapes", "shape_under", "compile_extractor"]
@@ -134,7 +135,7 @@ def compile_extractor(shape: tuple, tree: dict, layout: object, *, distinct_mark
     lines: list[str] = []
     arguments: dict[str, object] = {"layout": layout, "digits": digits, "missing": _MISSING}
     leaves: list[str] = []
-    counter = iter(range(1 << 30))
+    counter = itertools.count()
 
     def name(prefix: str) -> str:
         return f"{prefix}{next(counter)}"
@@ -227,7 +228,7 @@ class LearnedShapes:
         self.known: tuple[Callable, ...] = ()
         self.hits = 0           # objects packed by an extractor
         self.misses = 0         # objects packed by the walk
-        self._pending: dict[tuple, int] = {}
+        self._pending: set[tuple] = set()
 
     def should_learn(self) -> bool:
         """Whether to look at the shape of the object that just missed (and count it)."""
@@ -239,11 +240,11 @@ class LearnedShapes:
         """Note a sighting of `shape`; True on its second one (then learn it)."""
         pending = self._pending
         if shape in pending:
-            del pending[shape]
+            pending.discard(shape)
             return True
         if len(pending) >= _MAX_PENDING:
-            self._pending = pending = {}
-        pending[shape] = 1
+            self._pending = pending = set()
+        pending.add(shape)
         return False
 
     def learn(self, extract: Callable) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k8s_http import DroppedFieldRead, Projection, shapes
-from k8s_http.packed import seal, unpack
+from k8s_http.packed import unpack
 from k8s_http.projection import Interner
 from k8s_http.store import Store
 
@@ -419,10 +419,7 @@ def projection() -> Projection:
 
 def walked(p: Projection, obj: dict) -> tuple:
     """`obj` packed by the compiled walk alone, as Projection.pack does without shapes."""
-    leaves: list = []
-    signature: list = [p._signature_head]
-    p._packer(obj, p._bound_intern(), p._repeated_intern(), leaves.append, signature.append)
-    return seal(signature, leaves, lambda: p._shape_of(obj, len(leaves)))
+    return p._walk_pack(obj, p._bound_intern(), p._repeated_intern())
 
 
 def extracted(p: Projection, obj: dict) -> list:
