@@ -180,6 +180,9 @@ class FaultProxy:
         self.injected_on: collections.Counter = collections.Counter()  # (fault, resource)
         self.requests: collections.Counter = collections.Counter()   # "GET my" -> n
         self.open_watches: collections.Counter = collections.Counter()
+        # resource -> the last watch line relayed before its latest stream fault: a
+        # client that read up to the fault saw it last (its resourceVersion is the client's).
+        self.last_before_fault: dict[str, bytes | None] = {}
 
     # ---- control --------------------------------------------------------
 
@@ -411,6 +414,7 @@ class FaultProxy:
         reader.start()
         with self._lock:
             self.open_watches[resource] += 1
+        last_line = None
         try:
             while not self._stop.is_set():
                 # A watch client never sends: readable means it hung up (or was
@@ -419,6 +423,7 @@ class FaultProxy:
                     return
                 armed = self._take(STREAM_FAULTS, resource)
                 if armed is not None:
+                    self.last_before_fault[resource] = last_line
                     _shut(upstream.sock)
                     self._stream_fault(sock, armed)
                     return
@@ -433,6 +438,7 @@ class FaultProxy:
                     sock.sendall(b"0\r\n\r\n")
                     return
                 sock.sendall(_chunk(line))
+                last_line = line
         finally:
             with self._lock:
                 self.open_watches[resource] -= 1
