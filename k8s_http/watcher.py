@@ -240,9 +240,11 @@ class Replace:
     items: list = field(repr=False)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Collect:
-    """Add one initial object of a streaming list to the fresh set being built."""
+    """Add one initial object of a streaming list to the fresh set being built.
+    Not frozen, unlike the other actions: one is made per initial event, and a
+    frozen dataclass's __init__ (object.__setattr__) costs twice as much."""
     object: dict = field(repr=False)
 
 
