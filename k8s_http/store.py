@@ -38,6 +38,12 @@ __all__ = ["Store", "Change", "Indexer", "DEFAULT_INDEXERS", "index_namespace", 
 _NAME = ("metadata", "name")
 _NAMESPACE = ("metadata", "namespace")
 _RESOURCE_VERSION = ("metadata", "resourceVersion")
+# ObjectKey(ns, name) runs the named tuple's Python-level __new__; this is the
+# same tuple made in C (a start-up makes one per cached object, twice).
+_new_key = tuple.__new__
+
+# Fields of an object, each a path of keys: (("metadata", "name"), ("spec",)).
+Fields = tuple[tuple[str, ...], ...]
 
 # An indexer maps an object to the index values it is filed under (often one, maybe none).
 # It must be a pure function of the object: the Store recomputes it to un-file an
@@ -127,13 +133,13 @@ class _ByNamespace:
         """The keys of one namespace, or of all of them (None)."""
         spaces = self._spaces.items() if namespace is None else \
             [(namespace, self._spaces.get(namespace, {}))]
-        return [ObjectKey(ns, name) for ns, names in spaces for name in names]
+        return [_new_key(ObjectKey, (ns, name)) for ns, names in spaces for name in names]
 
     def values(self) -> list[object]:
         return [stored for names in self._spaces.values() for stored in names.values()]
 
     def items(self) -> list[tuple[ObjectKey, object]]:
-        return [(ObjectKey(ns, name), stored)
+        return [(_new_key(ObjectKey, (ns, name)), stored)
                 for ns, names in self._spaces.items() for name, stored in names.items()]
 
     def __contains__(self, key: ObjectKey) -> bool:
@@ -219,7 +225,7 @@ class Store:
     def _stored_key(self, stored: object) -> ObjectKey:
         if not self._compact:
             return key_of(stored)
-        return ObjectKey(leaf(stored, _NAMESPACE) or "", leaf(stored, _NAME) or "")
+        return _new_key(ObjectKey, (leaf(stored, _NAMESPACE) or "", leaf(stored, _NAME) or ""))
 
     def _stored_rv(self, stored: object | None) -> str | None:
         if stored is None or not self._compact:
@@ -240,12 +246,13 @@ class Store:
         with self._lock:
             return self._stored_rv(self._visible_locked(key))
 
-    def built(self, stored: Iterable, *, only: str | None = None) -> Iterator[dict]:
+    def built(self, stored: Iterable, *, only: Fields | None = None) -> Iterator[dict]:
         """The objects that `replace(stored, prepared=True)` stored, built one at a
         time: stored forms (`prepare`'s answers) and dicts as replace takes them,
         anything else skipped, as replace skips it. `only`: a packed object is
-        built with that top-level field alone (`{only: ...}`, or {} without it),
-        for a reader that needs nothing else (key mappers need "metadata")."""
+        built with those fields alone (paths of keys: `(("metadata", "name"),)`
+        builds `{"metadata": {"name": ...}}`; a field it lacks is left out), for a
+        reader that needs nothing else (a key mapper's `reads`)."""
         for item in stored:
             if self._compact and is_packed(item):
                 yield self._part(item, only)
@@ -355,17 +362,17 @@ class Store:
         change = self._upsert(obj, quiet=False)
         return change.old, change.new
 
-    def upsert_if_changed(self, obj: dict, *, only: str | None = None) -> Change | None:
+    def upsert_if_changed(self, obj: dict, *, only: Fields | None = None) -> Change | None:
         """`upsert` for a watch event: None when the object stored is the one it
         replaces apart from metadata.resourceVersion (a change only in fields the
         transform drops, such as the Deployment controller's revision annotation):
         whoever was told of that one has nothing new to learn, and nothing is built.
         Otherwise the Change, whose `echo_of` is the writer of our unobserved write
         when this is the watch's copy of it (same resourceVersion, see end_write).
-        `only`: the Change's objects are built with that field alone (see `built`)."""
+        `only`: the Change's objects are built with those fields alone (see `built`)."""
         return self._upsert(obj, quiet=True, only=only)
 
-    def _upsert(self, obj: dict, *, quiet: bool, only: str | None = None) -> Change | None:
+    def _upsert(self, obj: dict, *, quiet: bool, only: Fields | None = None) -> Change | None:
         key, rv = key_of(obj), _rv(obj)
         # The watch's copy of our own write (the resourceVersion of the answer
         # end_write kept) is that answer: stored already, it is not projected
@@ -403,12 +410,20 @@ class Store:
             new = self._part(stored, only)
         return Change(None if old is None else self._part(old, only), new, echo_of)
 
-    def _part(self, stored: object, only: str | None) -> dict:
-        """The stored form built whole, or with the field `only` alone (see `built`)."""
+    def _part(self, stored: object, only: Fields | None) -> dict:
+        """The stored form built whole, or with the fields `only` alone (see `built`)."""
         if only is None or not self._compact or not is_packed(stored) or stored[0].shape is None:
             return self._restore(stored)        # (shape None: an object kept whole, see prepare)
-        part = stored[0].part_builder((only,))
-        return {} if part is None else {only: part(stored)}
+        part_builder = stored[0].part_builder
+        obj: dict = {}
+        for path in only:
+            build = part_builder(path)
+            if build is not None:
+                node = obj
+                for step in path[:-1]:
+                    node = node.setdefault(step, {})
+                node[path[-1]] = build(stored)
+        return obj
 
     def _visible_locked(self, key: ObjectKey) -> object | None:
         """The stored form `get(key)` answers from: our unobserved write, or the cache's."""

@@ -82,28 +82,44 @@ def test_sync_replaces_enqueues_everything_and_resync_readds():
     assert inf.resync(resync) == 1 and resync.keys == [ObjectKey("ns", "c")]
 
 
-def test_a_relist_builds_only_the_metadata_when_every_mapper_reads_no_more():
+def test_the_objects_mapped_hold_only_the_fields_every_mapper_says_it_reads():
     seen = []
 
     def recording(obj):
-        seen.append(sorted(obj))
+        seen.append(obj)
         return own_key(obj)
 
-    for flag, want in ((True, ["metadata"]), (False, ["metadata", "spec"])):
+    listed = dict(child(owner=MY), spec={"replicas": 1})
+    listed["metadata"]["labels"] = {"app": "x"}
+    narrow = {"metadata": {"namespace": "ns", "name": "c", "ownerReferences": [MY]}}
+    cases = ((own_key.reads, narrow),
+             # A mapper that says nothing, or nothing usable, is handed whole objects.
+             (None, listed), ((), listed), ("metadata", listed), ((("metadata", 1),), listed))
+    for reads, want in cases:
         inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
         q = Queue()
-        recording.reads_metadata_only = flag
+        recording.reads = reads
         inf.add_handler(recording, q)
         inf.add_handler(owner_key("My", "mine.jp"), Queue())
-        listed = dict(child(owner=MY), spec={"replicas": 1})
         seen.clear()
         inf._on_sync("ns", [inf.store.prepare(listed)])
-        assert seen == [want] and q.keys == [ObjectKey("ns", "c")]
+        assert seen == [want] and q.keys == [ObjectKey("ns", "c")], reads
         changed = dict(listed, spec={"replicas": 2})       # an event: the old and the new
         changed["metadata"] = dict(listed["metadata"], resourceVersion="2")
         inf._on_event("MODIFIED", changed)
-        assert seen == [want] * 3
-    assert own_key.reads_metadata_only and owner_key("My", "mine.jp").reads_metadata_only
+        if want is listed:
+            assert sorted(o["spec"]["replicas"] for o in seen[1:]) == [1, 2]
+        else:
+            assert seen[1:] == [want, want], reads
+    # What the two mappers of the package read, and nothing else: each gives the
+    # same keys for an object built with those fields alone as for the whole object.
+    assert own_key.reads == (("metadata", "namespace"), ("metadata", "name"))
+    mapper = owner_key("My", "mine.jp")
+    assert mapper.reads == (("metadata", "namespace"), ("metadata", "ownerReferences"))
+    whole = dict(listed, metadata=dict(listed["metadata"], namespace="other"))
+    for m in (own_key, mapper):
+        fields = {"metadata": {path[1]: whole["metadata"][path[1]] for path in m.reads}}
+        assert m(fields) == m(whole) != []
 
 
 def test_not_started_is_unhealthy_and_unsynced():

@@ -486,21 +486,29 @@ def test_built_gives_the_objects_of_stored_forms_one_at_a_time():
         assert [o["metadata"]["name"] for o in built] == ["b"]
 
 
-def test_built_can_build_one_top_level_field_alone():
+def test_built_can_build_some_fields_alone():
     s = Store()
     full = obj("a", owner_uid="u1", labels={"x": "1"})
     full["spec"] = {"replicas": 2}
     items = [s.prepare(full), s.prepare({"spec": {}})]
-    got = list(s.built(items, only="metadata"))
+    got = list(s.built(items, only=(("metadata",),)))
     assert got == [{"metadata": full["metadata"]}, {}]
     got[0]["metadata"]["labels"]["x"] = "2"                 # a new copy, the reader's to edit
     assert next(s.built(items[:1]))["metadata"]["labels"] == {"x": "1"}
+    # Nested fields, a map and a leaf among them; a field absent is left out; a
+    # path through a leaf or a list leads nowhere; a path and its prefix agree.
+    only = (("metadata", "labels"), ("metadata", "name"), ("spec", "replicas"),
+            ("status", "x"), ("metadata", "name", "deeper"), ("metadata", "ownerReferences", "0"))
+    assert list(s.built(items, only=only)) == [
+        {"metadata": {"labels": {"x": "1"}, "name": "a"}, "spec": {"replicas": 2}}, {}]
+    for only in ((("metadata",), ("metadata", "name")), (("metadata", "name"), ("metadata",))):
+        assert list(s.built(items[:1], only=only)) == [{"metadata": full["metadata"]}]
     # An object nested too deeply to pack is kept whole (one leaf): built whole.
     deep: dict = {"x": 1}
     for _ in range(3000):
         deep = {"d": deep}
     nested = dict(obj("deep"), spec=deep)
-    (whole,) = s.built([s.prepare(nested)], only="metadata")
+    (whole,) = s.built([s.prepare(nested)], only=(("metadata", "name"),))
     assert whole["metadata"]["name"] == "deep"
 
 
