@@ -30,9 +30,9 @@ controller.py itself, both statuses written) size by size, and at each size:
             settled RSS; writes over the whole run from the audit log (0 expected);
             peak RSS (VmHWM).
   pairs     at the largest size, --ready-pairs more back-to-back pairs of the bare
-            client and ours started and stopped once ready: the ready goal is
-            judged on the median ratio (one pair moves by +-0.15x with the
-            apiserver's pace on a shared machine).
+            client and ours started and stopped once ready, who goes first
+            alternating: the ready goal is judged on the median ratio (one pair
+            moves by +-0.15x with the apiserver's pace on a shared machine).
 
 Per operator, the settled RSS over the sizes (size 0: the idle process) gives
 the per-object slope (least squares, KiB per My, its two children included).
@@ -176,24 +176,35 @@ def run_bare(cluster: BenchCluster, size: int, mode: str) -> dict:
 def ready_pairs(bench: converge.Bench, cluster: BenchCluster, size: int, count: int,
                 mode: str, timeout: float) -> list[dict]:
     """`count` more (bare client, ours to ready) pairs over the same fleet, back to
-    back: ours is stopped once ready (the run before it measured the rest)."""
+    back: ours is stopped once ready (the run before it measured the rest). Who goes
+    first alternates: the apiserver's garbage from one read (its collector runs
+    when it will) must not fall on the same side of every pair."""
     pairs = []
-    for _ in range(count):
-        bare = run_bare(cluster, size, mode)
-        op = bench.make_operator(HEADLINE, NAMESPACE)
-        op.start(f"scale-{size}-ready")
-        try:
-            ready, _ = wait_ready(op, timeout)
-        except Exception as err:          # recorded; the run's other figures stand
-            log(f"  {HEADLINE} to ready: FAILED: {err}")
-            ready = None
-        finally:
-            op.stop()
+    for number in range(count):
+        if number % 2 == 0:
+            bare = run_bare(cluster, size, mode)
+        ready = ready_once(bench, size, timeout)
+        if number % 2 == 1:
+            bare = run_bare(cluster, size, mode)
         pair = {"bare_seconds": bare.get("seconds"), "ready_seconds": ready,
-                "ratio": analysis.ratio(ready, bare.get("seconds"))}
+                "ratio": analysis.ratio(ready, bare.get("seconds")),
+                "first": "bare" if number % 2 == 0 else HEADLINE}
         log(f"  ready pair: {pair}")
         pairs.append(pair)
     return pairs
+
+
+def ready_once(bench: converge.Bench, size: int, timeout: float) -> float | None:
+    """Seconds from spawn to ready of a fresh operator (stopped then); None if it failed."""
+    op = bench.make_operator(HEADLINE, NAMESPACE)
+    op.start(f"scale-{size}-ready")
+    try:
+        return wait_ready(op, timeout)[0]
+    except Exception as err:          # recorded; the run's other figures stand
+        log(f"  {HEADLINE} to ready: FAILED: {err}")
+        return None
+    finally:
+        op.stop()
 
 
 def bench_python() -> str:
