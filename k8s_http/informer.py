@@ -168,9 +168,10 @@ class Informer:
         """
         self._handlers.append((mapper, queue))
         # When every mapper says what it reads (own_key, owner_key do), the objects
-        # handed to them are built with those fields alone: an owner_key mapping of a
-        # Deployment then builds its namespace and ownerReferences, ~3 us, where its
-        # metadata took ~8 us and the whole object more (measured offline).
+        # handed to them are built with those fields alone: for owner_key, a
+        # Deployment's namespace and ownerReferences instead of its whole metadata
+        # (labels, annotations, ...), ~1 us less a child at a relist (measured
+        # offline, 10,000 Deployments), and far less than the whole object.
         reads = [_declared_reads(m) for m, _ in self._handlers]
         self._mapped_part = (tuple(dict.fromkeys(p for r in reads for p in r))
                              if all(reads) else None)
