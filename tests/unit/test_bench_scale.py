@@ -322,3 +322,15 @@ def test_a_reused_fleet_of_other_services_than_asked_for_is_refused():
         Fleet(Plane(clusterip), "ns", headless=True).discover()
     with pytest.raises(FleetMismatch, match="has headless Services .* run with --headless"):
         Fleet(Plane(headless), "ns").discover()
+
+
+def test_the_ready_pairs_alternate_who_goes_first(monkeypatch):
+    import scale
+    runs = []
+    monkeypatch.setattr(scale, "run_bare", lambda *_: runs.append("bare") or {"seconds": 2.0})
+    monkeypatch.setattr(scale, "ready_once", lambda *_: runs.append("ours") or 3.0)
+    pairs = scale.ready_pairs(bench=None, cluster=None, size=10, count=3, mode="stream",
+                              timeout=1.0)
+    assert runs == ["bare", "ours", "ours", "bare", "bare", "ours"]
+    assert [p["first"] for p in pairs] == ["bare", scale.HEADLINE, "bare"]
+    assert [p["ratio"] for p in pairs] == [1.5] * 3
