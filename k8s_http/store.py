@@ -33,13 +33,14 @@ from .objects import resource_version_of as _rv
 from .packed import LEAF, is_packed, leaf, pack, same_apart_from, seal
 from .projection import Projection
 
-__all__ = ["Store", "Change", "Indexer", "DEFAULT_INDEXERS", "index_namespace", "index_owner_uid"]
+__all__ = ["Store", "Change", "Fields", "Indexer", "DEFAULT_INDEXERS", "index_namespace",
+           "index_owner_uid"]
 
 _NAME = ("metadata", "name")
 _NAMESPACE = ("metadata", "namespace")
 _RESOURCE_VERSION = ("metadata", "resourceVersion")
 # ObjectKey(ns, name) runs the named tuple's Python-level __new__; this is the
-# same tuple made in C (a start-up makes one per cached object, twice).
+# same tuple made in C (a start-up makes at least one per cached object).
 _new_key = tuple.__new__
 
 # Fields of an object, each a path of keys: (("metadata", "name"), ("spec",)).
