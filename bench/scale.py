@@ -181,14 +181,15 @@ def ready_pairs(bench: converge.Bench, cluster: BenchCluster, size: int, count: 
     when it will) must not fall on the same side of every pair."""
     pairs = []
     for number in range(count):
-        if number % 2 == 0:
+        bare_first = number % 2 == 0
+        if bare_first:
             bare = run_bare(cluster, size, mode)
         ready = ready_once(bench, size, timeout)
-        if number % 2 == 1:
+        if not bare_first:
             bare = run_bare(cluster, size, mode)
         pair = {"bare_seconds": bare.get("seconds"), "ready_seconds": ready,
                 "ratio": analysis.ratio(ready, bare.get("seconds")),
-                "first": "bare" if number % 2 == 0 else HEADLINE}
+                "first": "bare" if bare_first else HEADLINE}
         log(f"  ready pair: {pair}")
         pairs.append(pair)
     return pairs
