@@ -73,7 +73,7 @@ from .backoff import Backoff
 from .defaults import WATCH_STALL_TIMEOUT_SECONDS
 from .errors import (ApiConnectionError, ApiError, ApiTimeoutError, GoneError, K8sHttpError,
                      ProtocolError, from_status, is_too_large_resource_version)
-from .metrics import Metrics
+from .metrics import WATCH_EVENT_TYPES, Metrics
 from .objects import Resource
 from .watchproto import WatchEvent
 
@@ -556,9 +556,10 @@ class Watcher:
         # by one as they arrive); meaningful only while the state is Streaming,
         # emptied when it is swapped into the cache or abandoned.
         self._collected: list[dict] = []
-        # watch_events_total's child per event type: labels() takes a lock and
-        # builds a key on every call, a tenth of the loop's time on a streaming list.
-        self._event_counters: dict[str, object] = {}
+        # This watcher's counts of watch_events_total by event type; only this
+        # watcher's loop adds to it (see metrics.TalliedCounter).
+        self._event_counts = self._metrics.watch_events_total.tally(
+            self._label, keys=WATCH_EVENT_TYPES)
         self.has_synced = False
         # Liveness: last_progress moves on an event, a bookmark, a list or a clean
         # reconnect; last_retry on a failure the loop is about to retry.
@@ -762,17 +763,17 @@ class Watcher:
             return Closed()
         except Exception as err:
             if isinstance(err, ApiError):      # an ERROR event, raised by the stream
-                self._metrics.watch_events_total.labels(self._label, "ERROR").inc()
+                self._event_counts["ERROR"] += 1
             self._close_stream()
             return failure(err)
         if type(event) is not Event:     # not from our decoder: a test's or a wrapper's stream
             event = Event(str(getattr(event, "type", None)), getattr(event, "object", None))
+        counts = self._event_counts
         type_ = event.type
-        counter = self._event_counters.get(type_)
-        if counter is None:
-            counter = self._metrics.watch_events_total.labels(self._label, type_)
-            self._event_counters[type_] = counter
-        counter.inc()
+        if type_ in counts:
+            counts[type_] += 1
+        else:                            # an unknown type: counted under its name, as before
+            counts[type_] = 1
         return event
 
     def _close_stream(self) -> None:
