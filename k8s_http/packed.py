@@ -87,7 +87,7 @@ _MAX_COMPILED_DEPTH = 40
 class Layout:
     """The structure shared by packed objects of one shape, and its builder."""
 
-    __slots__ = ("shape", "leaves", "build", "_paths", "_digits", "_parts")
+    __slots__ = ("shape", "leaves", "build", "_paths", "_digits", "_fields")
 
     def __init__(self, shape: Shape, leaves: int):
         self.shape = shape
@@ -95,7 +95,7 @@ class Layout:
         self.build: Callable[[tuple], object] = _builder(shape)
         self._paths: dict[tuple, int | None] = {}
         self._digits = frozenset(_digits_indices(shape))
-        self._parts: dict[tuple, Callable[[tuple], object] | None] = {}
+        self._fields: dict[tuple, Callable[[tuple], dict]] = {}
 
     def index_of(self, path: tuple[str, ...]) -> int | None:
         """Where the leaf at `path` (dict keys) is in a packed object of this layout;
@@ -108,17 +108,18 @@ class Layout:
         self._paths[path] = found
         return found
 
-    def part_builder(self, path: tuple[str, ...]) -> Callable[[tuple], object] | None:
-        """A function building, from a packed object of this layout, a new copy of
-        the value at `path` (dict keys) alone; None when the path is absent.
-        Compiled like `build`, once per path."""
+    def fields_builder(self, only: tuple[tuple[str, ...], ...]) -> Callable[[tuple], dict]:
+        """A function building, from a packed object of this layout, a new dict with
+        the values at the paths `only` (dict keys) alone, nested as in the object:
+        `(("metadata", "name"),)` builds `{"metadata": {"name": ...}}`. A path this
+        layout lacks is left out; a path inside another one adds nothing; an empty
+        path is the whole object. Compiled like `build`, once per `only`."""
         try:
-            return self._parts[path]
+            return self._fields[only]
         except KeyError:
             pass
-        found = _node_at(self.shape, path)
-        made = None if found is None else _builder(found[1], first_leaf=found[0])
-        self._parts[path] = made
+        made = _fields_builder(self.shape, only)
+        self._fields[only] = made
         return made
 
     def leaf(self, packed: tuple, index: int) -> object:
@@ -301,16 +302,76 @@ def _builder(shape: Shape, first_leaf: int = 1) -> Callable[[tuple], object]:
     for it start at index `first_leaf` (1: the whole object)."""
     if _fits_compiling(shape):
         keys: list = []
-        source = _source(shape, [first_leaf - 1], keys)
-        # The source holds only `v[i]`, `k[j]`, `s(...)`, braces, brackets, colons
-        # and commas (see _source): nothing from the object itself is compiled.
-        try:
-            make = eval(compile(f"lambda k, s: lambda v: {source}", "<packed layout>", "eval"),
-                        {"__builtins__": {}})
-            return make(tuple(keys), str)
-        except (RecursionError, MemoryError, SyntaxError):  # pragma: no cover - limits
-            pass
+        made = _compiled(_source(shape, [first_leaf - 1], keys), keys, "<packed layout>")
+        if made is not None:
+            return made
     return lambda packed: _build_walk(shape, iter(packed[first_leaf:]).__next__)
+
+
+def _compiled(source: str, keys: list, name: str) -> Callable[[tuple], object] | None:
+    """`lambda v: <source>` over keys `k` and `s` (str); None past Python's limits.
+    The source holds only `v[i]`, `k[j]`, `s(...)`, braces, brackets, colons and
+    commas (see _source): nothing from the object itself is compiled."""
+    try:
+        make = eval(compile(f"lambda k, s: lambda v: {source}", name, "eval"),
+                    {"__builtins__": {}})
+    except (RecursionError, MemoryError, SyntaxError):  # pragma: no cover - limits
+        return None
+    return make(tuple(keys), str)
+
+
+def _fields_builder(shape: Shape, paths: tuple[tuple[str, ...], ...]) -> Callable[[tuple], dict]:
+    """See Layout.fields_builder."""
+    if any(not path for path in paths):
+        return _builder(shape)                  # the whole object
+    if shape is None or shape is DIGITS_SHAPE or shape[0] != "{":
+        return lambda packed: {}                # not an object: it has no fields
+    # The fields kept, as a tree of their keys: a key maps to its subtree (a dict)
+    # or to where its value is, (first leaf, shape), once a path ends there.
+    tree: dict = {}
+    for path in paths:
+        found = _node_at(shape, path)
+        if found is None:
+            continue
+        node = tree
+        for step in path[:-1]:
+            node = node.setdefault(step, {})
+            if not isinstance(node, dict):    # inside a value already kept whole
+                break
+        else:
+            node[path[-1]] = found
+    kept = _kept_values(tree)
+    if all(_fits_compiling(value_shape) for _, value_shape in kept) \
+            and len(kept) <= _MAX_COMPILED_NODES:
+        keys: list = []
+        made = _compiled(_tree_source(tree, keys), keys, "<packed fields>")
+        if made is not None:
+            return made                         # type: ignore[return-value]
+    builders = {id(found): _builder(found[1], first_leaf=found[0]) for found in kept}
+
+    def fill(node: dict, packed: tuple) -> dict:
+        return {key: fill(child, packed) if isinstance(child, dict)
+                else builders[id(child)](packed) for key, child in node.items()}
+    return lambda packed: fill(tree, packed)
+
+
+def _kept_values(tree: dict) -> list[tuple[int, Shape]]:
+    found: list[tuple[int, Shape]] = []
+    for child in tree.values():
+        found.extend(_kept_values(child) if isinstance(child, dict) else [child])
+    return found
+
+
+def _tree_source(tree: dict, keys: list) -> str:
+    """Python source building `tree` (see _fields_builder) from leaves `v`, keys `k`."""
+    items = []
+    for key, child in tree.items():
+        keys.append(key)
+        index = len(keys) - 1                   # before the value's own keys
+        value = _tree_source(child, keys) if isinstance(child, dict) \
+            else _source(child[1], [child[0] - 1], keys)
+        items.append(f"k[{index}]: {value}")
+    return "{" + ", ".join(items) + "}"
 
 
 def _fits_compiling(shape: Shape) -> bool:

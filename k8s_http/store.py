@@ -415,16 +415,7 @@ class Store:
         """The stored form built whole, or with the fields `only` alone (see `built`)."""
         if only is None or not self._compact or not is_packed(stored) or stored[0].shape is None:
             return self._restore(stored)        # (shape None: an object kept whole, see prepare)
-        part_builder = stored[0].part_builder
-        obj: dict = {}
-        for path in only:
-            build = part_builder(path)
-            if build is not None:
-                node = obj
-                for step in path[:-1]:
-                    node = node.setdefault(step, {})
-                node[path[-1]] = build(stored)
-        return obj
+        return stored[0].fields_builder(only)(stored)
 
     def _visible_locked(self, key: ObjectKey) -> object | None:
         """The stored form `get(key)` answers from: our unobserved write, or the cache's."""

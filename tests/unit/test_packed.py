@@ -54,21 +54,64 @@ def test_a_leaf_is_read_without_unpacking():
     assert leaf(p, ("spec", "x")) is None
 
 
-def test_a_part_is_built_alone_by_its_layout():
+def fields_of(value, paths):
+    """What Layout.fields_builder(paths) must build, read off the value itself."""
+    if any(not path for path in paths):
+        return value
+    found = {}
+    for path in paths:
+        node = value
+        for step in path:
+            node = node.get(step, KeyError) if isinstance(node, dict) else KeyError
+        if node is not KeyError:
+            found[path] = node
+    out: dict = {}
+    for path, node in found.items():
+        if any(path[:n] in found for n in range(1, len(path))):
+            continue                                    # inside a path kept whole
+        target = out
+        for step in path[:-1]:
+            target = target.setdefault(step, {})
+        target[path[-1]] = node
+    return out
+
+
+def test_fields_are_built_alone_by_their_layout():
     value = {"a": 1, "metadata": {"name": "x", "refs": [{"k": "My"}], "e": {}}, "z": [1, {"q": 2}]}
     p = pack(value)
     layout = p[0]
-    for path in (("metadata",), ("metadata", "refs"), ("z",), ("a",), ("metadata", "e")):
-        want = value
-        for step in path:
-            want = want[step]
-        got = layout.part_builder(path)(p)
-        assert got == want
-        if isinstance(got, (dict, list)):
-            assert got is not want                      # a new copy
-    assert layout.part_builder(("nope",)) is None and layout.part_builder(("a", "b")) is None
+    build = layout.fields_builder((("metadata", "refs"), ("a",), ("nope",), ("a", "b")))
+    got = build(p)
+    assert got == {"metadata": {"refs": [{"k": "My"}]}, "a": 1}
+    assert got["metadata"]["refs"] is not value["metadata"]["refs"]     # new copies
+    assert layout.fields_builder((("metadata",), ("metadata", "name")))(p) == \
+        {"metadata": value["metadata"]}                 # the inner path adds nothing
+    assert layout.fields_builder((("metadata", "name"), ()))(p) == value   # () = whole
     digits = packed.seal([packed.MAP, "rv", packed.DIGITS, packed.END], [12])
-    assert digits[0].part_builder(("rv",))(digits) == "12"
+    assert digits[0].fields_builder((("rv",),))(digits) == {"rv": "12"}
+    assert pack([1, 2])[0].fields_builder((("a",),))(pack([1, 2])) == {}  # no fields
+
+
+few_keys = st.sampled_from(["a", "b", "metadata", "name", ""])
+paths_in = st.lists(st.lists(few_keys, max_size=3).map(tuple), max_size=4).map(tuple)
+objects_of_few_keys = st.dictionaries(few_keys, st.recursive(
+    json_leaves,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(few_keys, inner, max_size=4),
+    max_leaves=20), max_size=4)
+
+
+@settings(max_examples=500, deadline=None)
+@given(objects_of_few_keys, paths_in)
+def test_fields_builder_builds_what_the_paths_name_and_nothing_else(value, paths):
+    p = pack(value)
+    assert p[0].fields_builder(paths)(p) == fields_of(value, paths)
+
+
+def test_fields_of_shapes_too_large_to_compile_are_built_by_a_walk():
+    wide = {"m": {f"k{i}": i for i in range(packed._MAX_COMPILED_NODES + 1)}, "n": "x"}
+    p = pack(wide)
+    assert p[0].fields_builder((("m",), ("n",)))(p) == wide
+    assert p[0].fields_builder((("m", "k7"), ("n",)))(p) == {"m": {"k7": 7}, "n": "x"}
 
 
 def test_same_apart_from_ignores_one_leaf_only():
