@@ -39,6 +39,7 @@ Invariants:
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 
@@ -87,7 +88,7 @@ _MAX_COMPILED_DEPTH = 40
 class Layout:
     """The structure shared by packed objects of one shape, and its builder."""
 
-    __slots__ = ("shape", "leaves", "build", "_paths", "_digits", "_fields")
+    __slots__ = ("shape", "leaves", "build", "_paths", "_digits", "_fields", "_getters")
 
     def __init__(self, shape: Shape, leaves: int):
         self.shape = shape
@@ -96,6 +97,7 @@ class Layout:
         self._paths: dict[tuple, int | None] = {}
         self._digits = frozenset(_digits_indices(shape))
         self._fields: dict[tuple, Callable[[tuple], dict]] = {}
+        self._getters: dict[tuple, Callable[[tuple], tuple]] = {}
 
     def index_of(self, path: tuple[str, ...]) -> int | None:
         """Where the leaf at `path` (dict keys) is in a packed object of this layout;
@@ -120,6 +122,25 @@ class Layout:
             pass
         made = _fields_builder(self.shape, only)
         self._fields[only] = made
+        return made
+
+    def leaves_getter(self, paths: tuple[tuple[str, ...], ...]) -> Callable[[tuple], tuple]:
+        """A function answering, for a packed object of this layout, the tuple of
+        what `leaf(packed, path)` answers for each of `paths`, in one call: a C
+        itemgetter when every path leads to a plain leaf (an object's key, read
+        for every object of a relist). Made once per `paths`."""
+        try:
+            return self._getters[paths]
+        except KeyError:
+            pass
+        indices = [self.index_of(path) for path in paths]
+        made: Callable[[tuple], tuple]
+        if self.shape is not None and len(indices) >= 2 and all(
+                index is not None and index not in self._digits for index in indices):
+            made = operator.itemgetter(*indices)
+        else:
+            made = lambda packed: tuple(leaf(packed, path) for path in paths)  # noqa: E731
+        self._getters[paths] = made
         return made
 
     def leaf(self, packed: tuple, index: int) -> object:

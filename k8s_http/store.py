@@ -39,6 +39,7 @@ __all__ = ["Store", "Change", "Fields", "Indexer", "DEFAULT_INDEXERS", "index_na
 _NAME = ("metadata", "name")
 _NAMESPACE = ("metadata", "namespace")
 _RESOURCE_VERSION = ("metadata", "resourceVersion")
+_KEY_PATHS = (_NAMESPACE, _NAME)
 # ObjectKey(ns, name) runs the named tuple's Python-level __new__; this is the
 # same tuple made in C (a start-up makes at least one per cached object).
 _new_key = tuple.__new__
@@ -226,7 +227,8 @@ class Store:
     def _stored_key(self, stored: object) -> ObjectKey:
         if not self._compact:
             return key_of(stored)
-        return _new_key(ObjectKey, (leaf(stored, _NAMESPACE) or "", leaf(stored, _NAME) or ""))
+        namespace, name = stored[0].leaves_getter(_KEY_PATHS)(stored)
+        return _new_key(ObjectKey, (namespace or "", name or ""))
 
     def _stored_rv(self, stored: object | None) -> str | None:
         if stored is None or not self._compact:

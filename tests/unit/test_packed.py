@@ -150,3 +150,18 @@ def test_a_digits_leaf_is_built_as_its_string_by_both_builders():
     assert leaf(compiled, ("rv",)) == "42" and leaf(compiled, ("n",)) == 7
     shape = compiled[0].shape
     assert packed._build_walk(shape, iter([42, 7]).__next__) == {"rv": "42", "n": 7}
+
+
+@settings(max_examples=300, deadline=None)
+@given(objects_of_few_keys, paths_in)
+def test_leaves_getter_answers_what_leaf_answers_for_each_path(value, paths):
+    p = pack(value)
+    assert p[0].leaves_getter(paths)(p) == tuple(leaf(p, path) for path in paths)
+
+
+def test_leaves_getter_turns_digits_back_and_reads_a_value_packed_whole():
+    digits = packed.seal([packed.MAP, "rv", packed.DIGITS, "n", packed.LEAF, packed.END], [12, 3])
+    assert digits[0].leaves_getter((("rv",), ("n",)))(digits) == ("12", 3)
+    whole = packed.seal([packed.LEAF], [{"metadata": {"name": "a", "namespace": "n"}}])
+    paths = (("metadata", "namespace"), ("metadata", "name"))
+    assert whole[0].leaves_getter(paths)(whole) == ("n", "a")
