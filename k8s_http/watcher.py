@@ -242,7 +242,8 @@ class Replace:
 
 @dataclass(slots=True)
 class Collect:
-    """Add one initial object of a streaming list to the fresh set being built.
+    """Add one initial object of a streaming list to the fresh set being built;
+    it is progress too (as `Progress`, which it saves an action per event).
     Not frozen, unlike the other actions: one is made per initial event, and a
     frozen dataclass's __init__ (object.__setattr__) costs twice as much."""
     object: dict = field(repr=False)
@@ -316,19 +317,17 @@ def resume(state: State) -> list[Action]:
 
 def step(state: State, inp: Input) -> tuple[list[Action], State]:
     """The whole transition table. Pure: same state and input, same answer."""
-    if isinstance(inp, Event) and isinstance(state, (Watching, Streaming)):
+    stepper = _STEPPERS.get(type(state))
+    if stepper is None:
+        raise TypeError(f"not a watcher state: {state!r}")
+    if isinstance(inp, Event) and stepper is not _step_listing:
         screened = _screen(inp)
+        if screened is None:
+            return _EVENT_STEPPERS[stepper](state, inp)
         if isinstance(screened, Skip):
             return [screened], state
-        if isinstance(screened, Failed):
-            inp = screened
-    if isinstance(state, Listing):
-        return _step_listing(state, inp)
-    if isinstance(state, Watching):
-        return _step_watching(state, inp)
-    if isinstance(state, Streaming):
-        return _step_streaming(state, inp)
-    raise TypeError(f"not a watcher state: {state!r}")
+        inp = screened                          # a Failed
+    return stepper(state, inp)
 
 
 def _step_listing(state: Listing, inp: Input) -> tuple[list[Action], State]:
@@ -350,9 +349,8 @@ def _step_listing(state: Listing, inp: Input) -> tuple[list[Action], State]:
 
 
 def _step_watching(state: Watching, inp: Input) -> tuple[list[Action], State]:
+    """What ends or breaks a watch (an event goes to _step_event, see step)."""
     rv = state.resource_version
-    if isinstance(inp, Event):
-        return _step_event(state, inp)
     if isinstance(inp, Closed):
         # The healthy end of every watch. One that ended without a single event
         # counts as a failure, so a server that closes every watch at once cannot
@@ -403,7 +401,7 @@ def _screen(inp: Event) -> Failed | Skip | None:
         return Skip("not_object")
     meta = obj.get("metadata")
     new_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
-    if not _is_rv(new_rv):
+    if not isinstance(new_rv, str) or new_rv == "":      # _is_rv, inlined: every event
         return Skip("no_resource_version")
     return None
 
@@ -420,9 +418,9 @@ def _step_event(state: Watching, inp: Event) -> tuple[list[Action], State]:
 
 
 def _step_streaming(state: Streaming, inp: Input) -> tuple[list[Action], State]:
+    """What ends or breaks a streaming list (an event goes to _step_initial_event,
+    see step)."""
     rv = state.resource_version
-    if isinstance(inp, Event):
-        return _step_initial_event(state, inp)
     if isinstance(inp, Closed):
         # A streaming-capable apiserver ends the initial events with the bookmark
         # before anything else; a stream that ends first is one that ignored the
@@ -470,9 +468,18 @@ def _step_initial_event(state: Streaming, inp: Event) -> tuple[list[Action], Sta
     if not meta.get("name"):
         return [Skip("no_name")], state
     # After the first event the state no longer changes: no new one per event.
-    return ([Collect(inp.object), _PROGRESS],
+    return ([Collect(inp.object)],
             state if state.progressed else
             Streaming(state.resource_version, state.failures, True, stalls=state.stalls))
+
+
+# The states are final classes (frozen dataclasses nobody subclasses): one
+# lookup per input instead of an isinstance chain.
+_STEPPERS: dict[type, Callable[..., tuple[list[Action], State]]] = {
+    Listing: _step_listing, Watching: _step_watching, Streaming: _step_streaming}
+# A screened event, straight to what its state's stepper would hand it to.
+_EVENT_STEPPERS: dict[Callable, Callable[..., tuple[list[Action], State]]] = {
+    _step_watching: _step_event, _step_streaming: _step_initial_event}
 
 
 def _fall_back(state: Streaming, reason: str,
@@ -651,6 +658,7 @@ class Watcher:
                 case Collect(object=obj):
                     self._collected.append(self._list_transform(obj) if self._list_transform
                                            else obj)
+                    self.last_progress = self._clock()
                 case Progress():
                     self.last_progress = self._clock()
                 case Deliver(type=type_, object=obj):

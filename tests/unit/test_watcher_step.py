@@ -217,10 +217,10 @@ TABLE = [
     # ---- the initial events ----
     ("initial ADDED -> collected, not delivered; RV and failures kept",
      Streaming("", 1), Event("ADDED", A),
-     [Collect(A), Progress()], Streaming("", 1, True)),
+     [Collect(A)], Streaming("", 1, True)),
     ("initial ADDED does not clear stalls: only a completed list is progress",
      Streaming("5", 0, False, 2), Event("ADDED", A),
-     [Collect(A), Progress()], Streaming("5", 0, True, 2)),
+     [Collect(A)], Streaming("5", 0, True, 2)),
     ("end bookmark clears stalls and failures",
      Streaming("5", 2, True, 2), END,
      [ReplaceCollected(), Progress()], Watching("20", 0, True, stream=True)),
@@ -431,8 +431,8 @@ def test_a_full_life_relist_after_gone_then_gone_again():
 def test_a_full_life_stream_watch_gone_stream_again():
     s = INITIAL_STREAMING
     script = [
-        (Event("ADDED", obj("a", "3")), [Collect(obj("a", "3")), Progress()]),
-        (Event("ADDED", obj("b", "4")), [Collect(obj("b", "4")), Progress()]),
+        (Event("ADDED", obj("a", "3")), [Collect(obj("a", "3"))]),
+        (Event("ADDED", obj("b", "4")), [Collect(obj("b", "4"))]),
         (bookmark("10", end=True), [ReplaceCollected(), Progress()]),
         (Event("ADDED", obj("c", "11")), [Deliver("ADDED", obj("c", "11")), Progress()]),
         (F(GONE), [Restart("gone", GONE), StreamList("11")]),
