@@ -20,6 +20,17 @@ bytes to DIR/<plural>.jsonl: the watch events as the apiserver sent them.
 
 and prints each round's process CPU and the ratio ours ÷ bare, then the median.
 
+`instructions` runs each side once more, each in a fresh process under
+valgrind's callgrind (`apt-get install valgrind`), and counts the machine
+instructions it executes, less those of a process that only loads the
+recording: per object, and ours ÷ bare. Other checkouts (`--root`, e.g. a
+`git worktree` of the commit before a change) are counted for ours too. CPU
+seconds on this shared host move by a third from minute to minute (other
+tenants take a third of its cycles); an instruction count repeats to 0.1 %, so
+it tells a 1 % change apart, which seconds cannot. It is not time: a cache
+miss costs more than an add. Each run takes ~40x its time natively (~80 s for
+10,000 My with their children).
+
 Why: the live figure of issue 17 (ready ÷ bare client, bench/scale.py) moves
 ±20 % with this shared host's load and the apiserver's share of two cores;
 CPU spent in one process over the same bytes, the two alternating, moves much
@@ -33,7 +44,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -182,6 +196,50 @@ def replay(recordings: dict[str, bytes], rounds: int, log=print) -> dict:
             "ratio_max": max(ratios)}
 
 
+# `instructions`: what a fresh process runs (this script, hidden command `count`)
+# and how much of it is the part measured.
+COUNTED = ("load", "bare", "ours")
+
+
+def count_instructions(script: Path, directory: Path, side: str) -> int:
+    """Instructions callgrind counts for `script count directory side`, run fresh."""
+    if shutil.which("valgrind") is None:
+        raise OSError("valgrind is not installed (apt-get install valgrind)")
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+         sys.executable, str(script), "count", str(directory), side],
+        capture_output=True, text=True, cwd=script.parents[1], check=False)
+    total = callgrind_total(proc.stderr)
+    if proc.returncode != 0 or total is None:
+        raise OSError(f"{script} count {side} under callgrind failed "
+                      f"(exit {proc.returncode}): {proc.stderr[-800:]}")
+    return total
+
+
+def callgrind_total(stderr: str) -> int | None:
+    """The count in callgrind's "==PID== Collected : N" line."""
+    match = re.search(r"^==\d+== Collected : (\d+)$", stderr, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def instructions(directory: Path, roots: list[Path], log=print) -> dict:
+    """Instructions per object of bare and of ours at each root (the first: this
+    checkout), each less a process that only loads the recording."""
+    here = Path(__file__).resolve()
+    objects = sum(data.count(b"\n") for data in load(directory).values()) - len(READS)
+    base = count_instructions(here, directory, "load")
+    bare_count = count_instructions(here, directory, "bare") - base
+    result = {"objects": objects, "load": base, "bare": bare_count, "ours": {}}
+    log(f"bare: {bare_count / objects:,.0f} instructions an object")
+    for root in roots:
+        script = root / "bench" / "startup_replay.py"
+        ours_count = count_instructions(script, directory, "ours") - base
+        result["ours"][str(root)] = ours_count
+        log(f"ours at {root}: {ours_count / objects:,.0f} instructions an object, "
+            f"ours / bare {ours_count / bare_count:.3f}")
+    return result
+
+
 def load(directory: Path) -> dict[str, bytes]:
     return {resource.plural: (directory / f"{resource.plural}.jsonl").read_bytes()
             for resource, _, _ in READS}
@@ -197,11 +255,27 @@ def main(argv: list[str] | None = None) -> int:
     rep = commands.add_parser("replay", help="ours against the bare decoder, CPU per round")
     rep.add_argument("directory", type=Path)
     rep.add_argument("--rounds", type=int, default=6)
+    ins = commands.add_parser("instructions",
+                              help="instructions per object of each side, under callgrind")
+    ins.add_argument("directory", type=Path)
+    ins.add_argument("--root", type=Path, action="append", default=[],
+                     help="another checkout whose ours to count too (repeatable)")
+    cnt = commands.add_parser("count")          # one side, for `instructions` to count
+    cnt.add_argument("directory", type=Path)
+    cnt.add_argument("side", choices=COUNTED)
     args = parser.parse_args(argv)
     try:
         if args.command == "record":
             with ApiClient.from_config(load_config(args.kubeconfig)) as client:
                 print(json.dumps(record(client, args.namespace, args.out)))
+            return 0
+        if args.command == "count":
+            recordings = load(args.directory)
+            print({"load": len, "bare": bare, "ours": ours}[args.side](recordings))
+            return 0
+        if args.command == "instructions":
+            roots = [ROOT] + [root.resolve() for root in args.root]
+            print(json.dumps(instructions(args.directory, roots)))
             return 0
         result = replay(load(args.directory), args.rounds)
     except (K8sHttpError, OSError, ValueError) as err:

@@ -5,6 +5,7 @@ refused rather than timed. No timing is asserted."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -66,3 +67,42 @@ def test_recordings_are_read_back_per_resource(tmp_path):
     for plural, data in _recordings(2).items():
         (tmp_path / f"{plural}.jsonl").write_bytes(data)
     assert startup_replay.load(tmp_path) == _recordings(2)
+
+
+# A stand-in for valgrind: runs the command it is given (the `count` of one side,
+# for real) and reports a made-up count per side, as callgrind words it.
+FAKE_VALGRIND = """#!/bin/sh
+for last; do :; done
+while [ "${1#--}" != "$1" ]; do shift; done
+"$@" >/dev/null || exit 1
+case "$last" in load) n=1000;; bare) n=4000;; ours) n=6400;; esac
+echo "==42== Collected : $n" >&2
+"""
+
+
+def test_instructions_count_each_side_in_a_fresh_process_less_the_load(tmp_path, monkeypatch):
+    for plural, data in _recordings(5).items():
+        (tmp_path / f"{plural}.jsonl").write_bytes(data)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "valgrind").write_text(FAKE_VALGRIND)
+    (bin_dir / "valgrind").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    result = startup_replay.instructions(tmp_path, [ROOT], log=lambda line: None)
+    assert result["objects"] == 15
+    assert result["bare"] == 3000
+    assert result["ours"] == {str(ROOT): 5400}
+
+
+def test_the_count_command_runs_one_side(tmp_path, capsys):
+    for plural, data in _recordings(4).items():
+        (tmp_path / f"{plural}.jsonl").write_bytes(data)
+    assert startup_replay.main(["count", str(tmp_path), "ours"]) == 0
+    assert capsys.readouterr().out.strip() == "12"
+
+
+def test_callgrinds_total_is_read_from_its_summary_line():
+    assert startup_replay.callgrind_total("==7== Events    : Ir\n==7== Collected : 8080568350\n"
+                                          "==7==\n==7== I   refs:      8,080,568,350\n") \
+        == 8080568350
+    assert startup_replay.callgrind_total("valgrind: command not found") is None
