@@ -22,9 +22,10 @@ and prints each round's process CPU and the ratio ours ÷ bare, then the median.
 
 `instructions` runs each side once more, each in a fresh process under
 valgrind's callgrind (`apt-get install valgrind`), and counts the machine
-instructions it executes, less those of a process that only loads the
-recording: per object, and ours ÷ bare. Other checkouts (`--root`, e.g. a
-`git worktree` of the commit before a change) are counted for ours too. CPU
+instructions it executes, less those of a process of the same checkout that
+only loads the recording: per object, and ours ÷ bare. Other checkouts
+(`--root`, e.g. a `git worktree` of the commit before a change) are counted
+for ours too. CPU
 seconds on this shared host move by a third from minute to minute (other
 tenants take a third of its cycles); an instruction count repeats to 0.1 %, so
 it tells a 1 % change apart, which seconds cannot. It is not time: a cache
@@ -196,22 +197,37 @@ def replay(recordings: dict[str, bytes], rounds: int, log=print) -> dict:
             "ratio_max": max(ratios)}
 
 
-# `instructions`: what a fresh process runs (this script, hidden command `count`)
-# and how much of it is the part measured.
+# `instructions`: the program a fresh process runs for one side, with the
+# checkout under test first on its path (its startup_replay, its k8s_http): a
+# checkout from before this command existed is counted the same way.
 COUNTED = ("load", "bare", "ours")
+COUNT_PROGRAM = """
+import sys
+from pathlib import Path
+root, directory, side = sys.argv[1:4]
+sys.path[:0] = [root + "/bench", root]
+import startup_replay as replay
+recordings = replay.load(Path(directory))
+print({"load": len, "bare": replay.bare, "ours": replay.ours}[side](recordings))
+"""
 
 
-def count_instructions(script: Path, directory: Path, side: str) -> int:
-    """Instructions callgrind counts for `script count directory side`, run fresh."""
+def count_command(root: Path, directory: Path, side: str) -> list[str]:
+    """The command running one side (COUNTED) over `directory` at checkout `root`."""
+    return [sys.executable, "-c", COUNT_PROGRAM, str(root), str(directory), side]
+
+
+def count_instructions(root: Path, directory: Path, side: str) -> int:
+    """Instructions callgrind counts for one side at checkout `root`, run fresh."""
     if shutil.which("valgrind") is None:
         raise OSError("valgrind is not installed (apt-get install valgrind)")
     proc = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-         sys.executable, str(script), "count", str(directory), side],
-        capture_output=True, text=True, cwd=script.parents[1], check=False)
+         *count_command(root, directory, side)],
+        capture_output=True, text=True, cwd=root, check=False)
     total = callgrind_total(proc.stderr)
     if proc.returncode != 0 or total is None:
-        raise OSError(f"{script} count {side} under callgrind failed "
+        raise OSError(f"counting {side} at {root} under callgrind failed "
                       f"(exit {proc.returncode}): {proc.stderr[-800:]}")
     return total
 
@@ -224,16 +240,20 @@ def callgrind_total(stderr: str) -> int | None:
 
 def instructions(directory: Path, roots: list[Path], log=print) -> dict:
     """Instructions per object of bare and of ours at each root (the first: this
-    checkout), each less a process that only loads the recording."""
-    here = Path(__file__).resolve()
+    checkout), each less a process of the same checkout that only loads the
+    recording."""
+    directory = directory.resolve()
     objects = sum(data.count(b"\n") for data in load(directory).values()) - len(READS)
-    base = count_instructions(here, directory, "load")
-    bare_count = count_instructions(here, directory, "bare") - base
-    result = {"objects": objects, "load": base, "bare": bare_count, "ours": {}}
+    # Each checkout's own loading process: it imports (and, without .pyc files
+    # to read, compiles) that checkout's modules, which are no part of a side.
+    loads = {root: count_instructions(root, directory, "load") for root in dict.fromkeys(
+        [ROOT, *roots])}
+    bare_count = count_instructions(ROOT, directory, "bare") - loads[ROOT]
+    result = {"objects": objects, "load": {str(r): n for r, n in loads.items()},
+              "bare": bare_count, "ours": {}}
     log(f"bare: {bare_count / objects:,.0f} instructions an object")
     for root in roots:
-        script = root / "bench" / "startup_replay.py"
-        ours_count = count_instructions(script, directory, "ours") - base
+        ours_count = count_instructions(root, directory, "ours") - loads[root]
         result["ours"][str(root)] = ours_count
         log(f"ours at {root}: {ours_count / objects:,.0f} instructions an object, "
             f"ours / bare {ours_count / bare_count:.3f}")
@@ -260,18 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     ins.add_argument("directory", type=Path)
     ins.add_argument("--root", type=Path, action="append", default=[],
                      help="another checkout whose ours to count too (repeatable)")
-    cnt = commands.add_parser("count")          # one side, for `instructions` to count
-    cnt.add_argument("directory", type=Path)
-    cnt.add_argument("side", choices=COUNTED)
     args = parser.parse_args(argv)
     try:
         if args.command == "record":
             with ApiClient.from_config(load_config(args.kubeconfig)) as client:
                 print(json.dumps(record(client, args.namespace, args.out)))
-            return 0
-        if args.command == "count":
-            recordings = load(args.directory)
-            print({"load": len, "bare": bare, "ours": ours}[args.side](recordings))
             return 0
         if args.command == "instructions":
             roots = [ROOT] + [root.resolve() for root in args.root]

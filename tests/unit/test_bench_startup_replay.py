@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -94,11 +95,13 @@ def test_instructions_count_each_side_in_a_fresh_process_less_the_load(tmp_path,
     assert result["ours"] == {str(ROOT): 5400}
 
 
-def test_the_count_command_runs_one_side(tmp_path, capsys):
+def test_the_counted_program_runs_one_side_of_a_checkout(tmp_path):
     for plural, data in _recordings(4).items():
         (tmp_path / f"{plural}.jsonl").write_bytes(data)
-    assert startup_replay.main(["count", str(tmp_path), "ours"]) == 0
-    assert capsys.readouterr().out.strip() == "12"
+    for side, printed in (("ours", "12"), ("bare", "15"), ("load", "3")):
+        proc = subprocess.run(startup_replay.count_command(ROOT, tmp_path, side),
+                              capture_output=True, text=True, cwd=ROOT, check=True)
+        assert proc.stdout.strip() == printed
 
 
 def test_callgrinds_total_is_read_from_its_summary_line():
