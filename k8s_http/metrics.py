@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily
 
-__all__ = ["Metrics", "TalliedCounter", "build_info_name", "RECONCILE_RESULTS", "WATCH_RESTART_REASONS",
-           "WATCH_EVENT_TYPES",
+__all__ = ["Metrics", "TalliedCounter", "build_info_name", "RECONCILE_RESULTS",
+           "WATCH_RESTART_REASONS", "WATCH_EVENT_TYPES",
            "DECODE_ERROR_KINDS", "WORKQUEUE_BUCKETS", "exponential_buckets"]
 
 RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")
