@@ -46,10 +46,22 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
+# Every port free_port has handed out in this test process. A port is free when
+# asked for and bound by the operator later: two asks in a row (two operators
+# started back to back) can be given the same just-released port, and the second
+# operator then fails to bind (seen in CI, 2026-12-03). Never handing one out twice
+# closes that window; a session uses a few hundred of ~28,000 ephemeral ports.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def http_get(port: int, path: str, *, token: str | None = None,
@@ -256,10 +268,13 @@ class OperatorProcess:
         return http_get(self.probe_port, "/readyz", timeout=2)[0]
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        eventually(lambda: self.proc.poll() is None and self.readyz() == 200, timeout=timeout,
-                   interval=0.2,
-                   message=f"{self} never ready (exit {self.proc.poll()}); log:\n"
-                           f"{self.log()[-4000:]}")
+        try:
+            eventually(lambda: self.proc.poll() is None and self.readyz() == 200,
+                       timeout=timeout, interval=0.2, message=f"{self} never ready")
+        except AssertionError as err:
+            # The exit status and the log as they are now, not as they were at the start.
+            raise AssertionError(f"{err} (exit {self.proc.poll()}); log:\n"
+                                 f"{self.log()[-4000:]}") from None
 
     # -- life
 

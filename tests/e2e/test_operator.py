@@ -18,7 +18,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import yaml
 from k8s_http.errors import ForbiddenError, InvalidError, NotFoundError
 from k8s_http.objects import (DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SERVICEACCOUNTS, SERVICES,
                               Resource, get_condition)
+from tests.e2e.operator_process import free_port
 from tests.support.wait import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -48,12 +48,6 @@ pytestmark = pytest.mark.mys_deleted_first
 
 # ---------------------------------------------------------------------------
 # Fixtures
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http_get(port: int, path: str) -> tuple[int, str]:
@@ -119,7 +113,7 @@ def installed(control_plane):
 def operator(installed, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("operator")
     kubeconfig = installed.mint_service_account_kubeconfig(SYSTEM_NS, SA, tmp / "sa.kubeconfig")
-    metrics_port, probe_port = _free_port(), _free_port()
+    metrics_port, probe_port = free_port(), free_port()
     log_path = tmp / "operator.log"
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     with open(log_path, "w") as log_file:
