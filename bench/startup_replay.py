@@ -25,12 +25,11 @@ valgrind's callgrind (`apt-get install valgrind`), and counts the machine
 instructions it executes, less those of a process of the same checkout that
 only loads the recording: per object, and ours ÷ bare. Other checkouts
 (`--root`, e.g. a `git worktree` of the commit before a change) are counted
-for ours too. CPU
-seconds on this shared host move by a third from minute to minute (other
-tenants take a third of its cycles); an instruction count repeats to 0.1 %, so
-it tells a 1 % change apart, which seconds cannot. It is not time: a cache
-miss costs more than an add. Each run takes ~40x its time natively (~80 s for
-10,000 My with their children).
+for ours too. CPU seconds on this shared host move by a third from minute to
+minute (other tenants take up to a third of its cycles); an instruction count
+repeats to 0.1 %, so it tells a 1 % change apart, which seconds cannot. It is
+not time: a cache miss costs more than an add. Each run takes ~40x its time
+natively (~80 s for 10,000 My with their children).
 
 Why: the live figure of issue 17 (ready ÷ bare client, bench/scale.py) moves
 ±20 % with this shared host's load and the apiserver's share of two cores;
@@ -214,6 +213,8 @@ print({"load": len, "bare": replay.bare, "ours": replay.ours}[side](recordings))
 
 def count_command(root: Path, directory: Path, side: str) -> list[str]:
     """The command running one side (COUNTED) over `directory` at checkout `root`."""
+    if side not in COUNTED:
+        raise ValueError(f"side {side!r} is not one of {COUNTED}")
     return [sys.executable, "-c", COUNT_PROGRAM, str(root), str(directory), side]
 
 
