@@ -135,6 +135,7 @@ class Layout:
             pass
         indices = [self.index_of(path) for path in paths]
         made: Callable[[tuple], tuple]
+        # (itemgetter of one index answers the item, not a tuple: two or more only.)
         if self.shape is not None and len(indices) >= 2 and all(
                 index is not None and index not in self._digits for index in indices):
             made = operator.itemgetter(*indices)
@@ -368,12 +369,18 @@ def _fields_builder(shape: Shape, paths: tuple[tuple[str, ...], ...]) -> Callabl
         made = _compiled(_tree_source(tree, keys), keys, "<packed fields>")
         if made is not None:
             return made                         # type: ignore[return-value]
-    builders = {id(found): _builder(found[1], first_leaf=found[0]) for found in kept}
+    builders = _tree_builders(tree)
 
     def fill(node: dict, packed: tuple) -> dict:
-        return {key: fill(child, packed) if isinstance(child, dict)
-                else builders[id(child)](packed) for key, child in node.items()}
-    return lambda packed: fill(tree, packed)
+        return {key: fill(child, packed) if isinstance(child, dict) else child(packed)
+                for key, child in node.items()}
+    return lambda packed: fill(builders, packed)
+
+
+def _tree_builders(tree: dict) -> dict:
+    """`tree` (see _fields_builder) with each kept value's place turned into its builder."""
+    return {key: _tree_builders(child) if isinstance(child, dict)
+            else _builder(child[1], first_leaf=child[0]) for key, child in tree.items()}
 
 
 def _kept_values(tree: dict) -> list[tuple[int, Shape]]:

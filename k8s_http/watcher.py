@@ -317,13 +317,14 @@ def resume(state: State) -> list[Action]:
 
 def step(state: State, inp: Input) -> tuple[list[Action], State]:
     """The whole transition table. Pure: same state and input, same answer."""
-    stepper = _STEPPERS.get(type(state))
-    if stepper is None:
+    steppers = _STEPPERS.get(type(state))
+    if steppers is None:
         raise TypeError(f"not a watcher state: {state!r}")
-    if isinstance(inp, Event) and stepper is not _step_listing:
+    stepper, event_stepper = steppers
+    if event_stepper is not None and isinstance(inp, Event):
         screened = _screen(inp)
         if screened is None:
-            return _EVENT_STEPPERS[stepper](state, inp)
+            return event_stepper(state, inp)
         if isinstance(screened, Skip):
             return [screened], state
         inp = screened                          # a Failed
@@ -475,11 +476,13 @@ def _step_initial_event(state: Streaming, inp: Event) -> tuple[list[Action], Sta
 
 # The states are final classes (frozen dataclasses nobody subclasses): one
 # lookup per input instead of an isinstance chain.
-_STEPPERS: dict[type, Callable[..., tuple[list[Action], State]]] = {
-    Listing: _step_listing, Watching: _step_watching, Streaming: _step_streaming}
-# A screened event, straight to what its state's stepper would hand it to.
-_EVENT_STEPPERS: dict[Callable, Callable[..., tuple[list[Action], State]]] = {
-    _step_watching: _step_event, _step_streaming: _step_initial_event}
+# Per state: its stepper, and the one a screened event goes straight to (None:
+# an event is no input of that state, and its stepper says so).
+_Stepper = Callable[..., tuple[list[Action], State]]
+_STEPPERS: dict[type, tuple[_Stepper, _Stepper | None]] = {
+    Listing: (_step_listing, None),
+    Watching: (_step_watching, _step_event),
+    Streaming: (_step_streaming, _step_initial_event)}
 
 
 def _fall_back(state: Streaming, reason: str,
