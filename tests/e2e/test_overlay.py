@@ -2,8 +2,8 @@
 
 The overlay is what the README's "Deploying" shows: `namespace:` and
 `namePrefix:` over `manifests/overlays/secure-metrics` (so the secure-metrics
-component is exercised too), plus the one patch a namespace move needs (the
-ServiceMonitor's TLS server name). It is rendered with `kubectl kustomize`
+component is exercised too), plus the transformer that derives the one name a
+move changes inside a string (the ServiceMonitor's TLS server name). It is rendered with `kubectl kustomize`
 and applied with `kubectl apply -k`, as a user would. The operator then runs
 as a local process (no kubelet here) with the rendered Deployment's args,
 under a token of the overlay's own ServiceAccount, whose kubeconfig names the
@@ -53,14 +53,12 @@ SERVICEMONITOR_CRD = {
 
 def write_overlay(directory, namespace: str) -> None:
     base = os.path.relpath(MANIFESTS / "overlays" / "secure-metrics", directory)
-    prefix = f"{namespace}-"
+    server_name = os.path.relpath(MANIFESTS / "transformers" / "metrics-server-name", directory)
     directory.mkdir()
     (directory / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "namespace": namespace, "namePrefix": prefix, "resources": [base],
-        "patches": [{"target": {"kind": "ServiceMonitor"}, "patch": yaml.safe_dump([
-            {"op": "replace", "path": "/spec/endpoints/0/tlsConfig/serverName",
-             "value": f"{prefix}my-controller-metrics.{namespace}.svc"}])}]}))
+        "namespace": namespace, "namePrefix": f"{namespace}-", "resources": [base],
+        "transformers": [server_name]}))
 
 
 @pytest.fixture

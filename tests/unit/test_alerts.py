@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from k8s_http.metrics import Metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-RULE = ROOT / "manifests" / "monitoring" / "prometheusrule.yaml"
+RULE = ROOT / "manifests" / "components" / "monitoring" / "alerts" / "prometheusrule.yaml"
 FIXTURE = ROOT / "tests" / "unit" / "fixtures" / "alerts_test.yaml"
 CACHED = pathlib.Path.home() / ".cache" / "my-controller" / "promtool" / "promtool"
 OURS = 'and on (job, namespace, instance) my_controller_build_info{manager="my-controller"}'

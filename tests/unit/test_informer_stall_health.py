@@ -153,7 +153,8 @@ def test_an_apiserver_that_refuses_or_fails_never_fails_liveness(fleet):
 
 
 def test_the_alert_fires_on_the_signal_healthz_fails_on():
-    path = pathlib.Path(__file__).parents[2] / "manifests/monitoring/prometheusrule.yaml"
+    path = (pathlib.Path(__file__).parents[2]
+            / "manifests/components/monitoring/alerts/prometheusrule.yaml")
     rule = yaml.safe_load(path.read_text())
     [alert] = [r for g in rule["spec"]["groups"] for r in g["rules"]
                if r.get("alert") == "MyControllerWatchStalled"]

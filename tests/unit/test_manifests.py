@@ -26,6 +26,7 @@ from k8s_http.names import ENV_VAR_NAME
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 NAMESPACE = "my-controller-system"
+ALERTS = "components/monitoring/alerts/prometheusrule.yaml"
 
 
 def load(name: str) -> list[dict]:
@@ -37,9 +38,10 @@ def kustomization(directory: str) -> dict:
 
 
 def _is_kustomize_file(path: pathlib.Path) -> bool:
-    # kustomization.yaml, and JSON patches (lists of operations) under components/
+    # kustomization.yaml, JSON patches (lists of operations) under components/, and
+    # kustomize's own transformer configurations under transformers/
     return path.name == "kustomization.yaml" or "components" in path.parts and \
-        path.name.endswith("-patch.yaml")
+        path.name.endswith("-patch.yaml") or "transformers" in path.parts
 
 
 def all_docs() -> list[tuple[str, dict]]:
@@ -79,7 +81,7 @@ def test_default_install_is_the_base_and_nothing_optional():
     assert "namespace" not in base and "namePrefix" not in base
     # The sample cannot go with its CRD in one apply; ServiceMonitors need foreign CRDs.
     text = (MANIFESTS / "kustomization.yaml").read_text()
-    for apart in ("samples/", "overlays/secure-metrics/", "monitoring/"):
+    for apart in ("samples/", "overlays/secure-metrics/", "components/monitoring/"):
         assert apart in text                                   # documented, not installed
 
 
@@ -282,7 +284,7 @@ def test_metrics_service_selects_the_controller_pods():
     ann = svc["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8080"
     assert ann["prometheus.io/path"] == "/metrics"
-    monitor = one(load("monitoring/servicemonitor.yaml"), "ServiceMonitor")
+    monitor = one(load("components/monitoring/servicemonitor.yaml"), "ServiceMonitor")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == port["name"]
 
@@ -415,7 +417,7 @@ def exported_metric_names() -> set[str]:
 
 
 def _dashboard_exprs() -> list[str]:
-    dash = json.loads((MANIFESTS / "monitoring" / "dashboard.json").read_text())
+    dash = json.loads((MANIFESTS / "components" / "monitoring" / "dashboard.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     for var in dash["templating"]["list"]:
         query = var.get("query")
@@ -427,7 +429,7 @@ def _dashboard_exprs() -> list[str]:
 
 
 def _rule_exprs() -> list[str]:
-    rule = one(load("monitoring/prometheusrule.yaml"), "PrometheusRule")
+    rule = one(load(ALERTS), "PrometheusRule")
     return [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
 
 
@@ -452,7 +454,7 @@ def test_the_dashboard_covers_what_operators_look_at():
 
 
 def test_alerts_are_well_formed():
-    rule = one(load("monitoring/prometheusrule.yaml"), "PrometheusRule")
+    rule = one(load(ALERTS), "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     for needed in ("MyControllerDown", "MyControllerReconcileErrors", "MyControllerQueueGrowing",
                    "MyControllerWatchStalled", "MyControllerNoLeader"):
@@ -566,7 +568,7 @@ def _selectors(expr: str) -> list[tuple[str, str]]:
 
 
 def test_dashboard_queries_only_this_operator():
-    dash = json.loads((MANIFESTS / "monitoring" / "dashboard.json").read_text())
+    dash = json.loads((MANIFESTS / "components" / "monitoring" / "dashboard.json").read_text())
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     for name in ("job", "namespace"):
         query = variables[name]["query"]["query"]
