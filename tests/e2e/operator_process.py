@@ -20,7 +20,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import yaml
 
 from k8s_http.errors import NotFoundError
 from k8s_http.objects import DEPLOYMENTS, LEASES, Resource, get_condition
+from tests.support.ports import free_port  # noqa: F401 (tests import it from here)
 from tests.support.wait import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -44,24 +44,6 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-# Every port free_port has handed out in this test process. A port is free when
-# asked for and bound by the operator later: two asks in a row (two operators
-# started back to back) can be given the same just-released port, and the second
-# operator then fails to bind (seen in CI, 2026-12-03). Never handing one out twice
-# closes that window; a session uses a few hundred of ~28,000 ephemeral ports.
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 def http_get(port: int, path: str, *, token: str | None = None,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from k8s_http import CRDS, ApiClient, ApiError, ConfigError, Resource, load_config
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
@@ -36,12 +36,6 @@ MY = Resource("mine.jp", "v1", "my", namespaced=True, kind="My")
 
 def say(text: str) -> None:
     print(f"\033[1m==> {text}\033[0m" if sys.stdout.isatty() else f"==> {text}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout_seconds: float, what: str):
