@@ -83,6 +83,12 @@ def _parse_kubeconfig(path: str) -> dict:
                           fix) from None
     except RecursionError:
         raise ConfigError(where, "not valid YAML (nested too deeply)", fix) from None
+    except ValueError:
+        # A scalar typed as a date or an int that Python cannot build (2001-13-01, an
+        # int over the digit limit, `!!int x`): PyYAML lets the ValueError through. Its
+        # text quotes the value, which may be a token: not shown.
+        raise ConfigError(where, "not valid YAML (a value is not a valid date or number)",
+                          fix) from None
     if doc is None:
         return {}   # an empty file is an empty config, as for kubectl
     if not isinstance(doc, dict):
