@@ -70,27 +70,36 @@ def test_every_alert_is_tested_both_ways():
     """Each alert appears in the fixture as silent (others broken) and, where ours can
     break that way in a unit test, as firing."""
     alerts = {r["alert"] for g in yaml.safe_load(RULE.read_text())["spec"]["groups"]
-              for r in g["rules"]}
+              for r in g["rules"] if "alert" in r}
     tests = yaml.safe_load(FIXTURE.read_text())["tests"]
     silent = {t["alertname"] for t in tests[0]["alert_rule_test"] if not t["exp_alerts"]}
     firing = {t["alertname"] for case in tests for t in case["alert_rule_test"]
               if t["exp_alerts"]}
     assert silent == alerts
     assert {"MyControllerDown", "MyControllerNoLeader", "MyControllerForbidden",
-            "MyControllerReconcileErrors"} <= firing
+            "MyControllerReconcileErrors", "MyControllerNotReconciling"} <= firing
 
 
 def test_every_alert_is_scoped_and_routable():
     for group in yaml.safe_load(RULE.read_text())["spec"]["groups"]:
         for rule in group["rules"]:
+            name = rule.get("alert") or rule["record"]
             expr = " ".join(rule["expr"].split())
-            assert 'my_controller_build_info{manager="my-controller"}' in expr, rule["alert"]
-            if rule["alert"] != "MyControllerDown":
-                assert OURS in expr, rule["alert"]
+            assert 'my_controller_build_info{manager="my-controller"}' in expr, name
+            if name not in ("MyControllerDown", "my_controller:installs:known"):
+                assert OURS in expr, name
             # every aggregation keeps the routing labels
             for by in re.findall(r"\bby \(([^)]*)\)", expr):
-                assert {"job", "namespace"} <= {x.strip() for x in by.split(",")}, \
-                    (rule["alert"], by)
+                assert {"job", "namespace"} <= {x.strip() for x in by.split(",")}, (name, by)
+
+
+def test_the_down_alert_has_no_window_to_fall_out_of():
+    """A lookback (`max_over_time(...[1h])`) ends the alert an hour into an outage."""
+    rules = {r.get("alert") or r["record"]: r
+             for g in yaml.safe_load(RULE.read_text())["spec"]["groups"] for r in g["rules"]}
+    for name in ("MyControllerDown", "my_controller:installs:known"):
+        assert "[" not in rules[name]["expr"], name
+    assert "absent(" in rules["MyControllerDown"]["expr"]
 
 
 def test_promtool_check_metrics_on_our_exposition(promtool):
