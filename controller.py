@@ -51,6 +51,7 @@ from k8s_http import (
     Manager,
     NotFoundError,
     ObjectKey,
+    PODS,
     Projection,
     Resource,
     Result,
@@ -62,6 +63,7 @@ from k8s_http import (
     get_condition,
     is_controlled_by,
     is_dns1035_label,
+    is_dns1123_subdomain,
     is_env_var_name,
     is_namespace_terminating,
     is_resource_name,
@@ -71,6 +73,7 @@ from k8s_http import (
     owner_reference,
     pack,
     parse_quantity,
+    pod_problem,
     port_key,
     resource_version_of,
     rfc3339_now,
@@ -115,6 +118,8 @@ DEFAULT_SERVICE_TYPE = "ClusterIP"
 MAX_REPLICAS = 100
 MAX_IMAGE_CHARS = 512
 MAX_ENV = 64
+# The sources an env var may take its value from (spec.env[].valueFrom).
+ENV_KEY_REFS = ("secretKeyRef", "configMapKeyRef")
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
 
@@ -169,6 +174,17 @@ CONFLICT_RECHECK_SECONDS = 60.0
 STATUS_COALESCE_SECONDS = 0.5
 STATUS_HOLD_CAP_SECONDS = 10.0
 
+# A My that is not ready while its Deployment has caught up with its spec gets
+# the cause its Pods show in the Ready message (k8s_http.pod_problem). Its Pods
+# are listed (label-selected, one bounded read) only once it has been unready
+# this long, so the few seconds Pods take to start cost no read, and then
+# again at doubling intervals up to the maximum while it stays unready (a
+# crash loop's restart count moves). A ready fleet costs no read at all.
+POD_CHECK_FIRST_SECONDS = 5.0
+POD_CHECK_MAX_SECONDS = 60.0
+# One page: a My has at most MAX_REPLICAS Pods and a rollout's surge.
+POD_LIST_LIMIT = 2 * MAX_REPLICAS
+
 # How many My versions' validation and rendered children are remembered (a
 # bounded memory, whatever the number of My objects; see MyReconciler._desired).
 RENDER_MEMO_SIZE = 1024
@@ -206,6 +222,7 @@ DEPLOYMENT_PROJECTION = Projection(_CHILD_META + (
     "spec.template.spec.containers[].ports", "spec.template.spec.containers[].resources",
     "spec.template.spec.containers[].securityContext",
     "spec.template.spec.containers[].env[].name", "spec.template.spec.containers[].env[].value",
+    "spec.template.spec.containers[].env[].valueFrom",
     # desired_status, _readiness, _workload_failure, _is_rollout_pending
     "status.observedGeneration", "status.replicas", "status.readyReplicas",
     "status.updatedReplicas", "status.conditions[].type", "status.conditions[].status",
@@ -351,7 +368,7 @@ def _validate_env(env: object) -> list[str]:
     if env is None:
         return []
     if not isinstance(env, list):
-        return ["spec.env: must be a list of {name, value}"]
+        return ["spec.env: must be a list of {name, value} or {name, valueFrom}"]
     errors = []
     if len(env) > MAX_ENV:
         errors.append(f"spec.env: at most {MAX_ENV} items (got {len(env)})")
@@ -359,9 +376,9 @@ def _validate_env(env: object) -> list[str]:
     for i, item in enumerate(env[:MAX_ENV + 1]):
         where = f"spec.env[{i}]"
         if not isinstance(item, dict):
-            errors.append(f"{where}: must be an object with name and value")
+            errors.append(f"{where}: must be an object with name and value (or valueFrom)")
             continue
-        unknown = sorted(set(item) - {"name", "value"})
+        unknown = sorted(set(item) - {"name", "value", "valueFrom"})
         if unknown:
             errors.append(f"{where}: unsupported field(s) {', '.join(unknown)}")
         name = item.get("name")
@@ -375,6 +392,35 @@ def _validate_env(env: object) -> list[str]:
         value = item.get("value")
         if value is not None and not isinstance(value, str):
             errors.append(f"{where}.value: must be a string (quote numbers and booleans)")
+        if "valueFrom" in item:
+            if value is not None:
+                errors.append(f"{where}: give either value or valueFrom, not both")
+            errors.extend(_validate_value_from(item["valueFrom"], f"{where}.valueFrom"))
+    return errors
+
+
+def _validate_value_from(source: object, where: str) -> list[str]:
+    """valueFrom: exactly one key reference, to a Secret or ConfigMap in the My's
+    own namespace (a Pod can reach no other), so a My grants nothing a Pod lacks."""
+    if not isinstance(source, dict) or len(source) != 1 or \
+            next(iter(source)) not in ENV_KEY_REFS:
+        return [f"{where}: must hold exactly one of {', '.join(ENV_KEY_REFS)}"]
+    kind, ref = next(iter(source.items()))
+    where = f"{where}.{kind}"
+    if not isinstance(ref, dict):
+        return [f"{where}: must be an object with name and key"]
+    errors = []
+    unknown = sorted(set(ref) - {"name", "key", "optional"})
+    if unknown:
+        errors.append(f"{where}: unsupported field(s) {', '.join(unknown)}")
+    if not is_dns1123_subdomain(ref.get("name")):
+        errors.append(f"{where}.name: a lowercase DNS subdomain name (got {ref.get('name')!r})")
+    key = ref.get("key")
+    if not (isinstance(key, str) and 0 < len(key) <= 253 and
+            all(c.isascii() and (c.isalnum() or c in "-._") for c in key)):
+        errors.append(f"{where}.key: letters, digits, '-', '_' or '.' (got {key!r})")
+    if "optional" in ref and not isinstance(ref["optional"], bool):
+        errors.append(f"{where}.optional: must be true or false")
     return errors
 
 
@@ -458,6 +504,8 @@ def render_deployment(my: dict) -> dict:
         # live object differ from the desired one forever.
         if item.get("value"):
             entry["value"] = item["value"]
+        elif item.get("valueFrom"):
+            entry["valueFrom"] = copy.deepcopy(item["valueFrom"])
         env.append(entry)
     if env:
         container["env"] = env
@@ -611,8 +659,10 @@ def _foreign_keys(want: object, have: object) -> object:
 # 5. Status
 
 
-def _readiness(spec: dict, deployment: dict | None) -> tuple[str, str, str]:
-    """(status, reason, message) of the Ready condition from the Deployment.
+def _readiness(spec: dict, deployment: dict | None, pod_cause: str | None = None
+               ) -> tuple[str, str, str]:
+    """(status, reason, message) of the Ready condition from the Deployment, and
+    `pod_cause` (what the Pods show, see pod_problem) appended when not ready.
 
     SPEC: Available when ready >= desired. We also require the Deployment
     controller to have seen the current Deployment spec and to have rolled it
@@ -638,8 +688,24 @@ def _readiness(spec: dict, deployment: dict | None) -> tuple[str, str, str]:
     if failure is not None:
         reason, condition = failure
         detail = condition.get("message") or condition.get("reason") or "no message"
+        if pod_cause:
+            detail = f"{detail}; {pod_cause}"
         return "False", reason, f"{ready}/{desired} replicas ready: {detail}"
+    if pod_cause:
+        return "False", PROGRESSING, f"{ready}/{desired} replicas ready: {pod_cause}"
     return "False", PROGRESSING, f"{ready}/{desired} replicas ready"
+
+
+def _pods_worth_reading(spec: dict, deployment: dict | None) -> bool:
+    """Whether this My's Pods may say why it is not ready: the Deployment controller
+    has caught up with the current spec and made Pods, and not all are ready."""
+    if deployment is None:
+        return False
+    status = deployment.get("status") or {}
+    if (status.get("observedGeneration") or 0) < (meta_of(deployment).get("generation") or 0):
+        return False
+    desired = spec.get("replicas", DEFAULT_REPLICAS)
+    return (status.get("replicas") or 0) > 0 and (status.get("readyReplicas") or 0) < desired
 
 
 def _workload_failure(status: dict) -> tuple[str, dict] | None:
@@ -677,13 +743,15 @@ def _is_rollout_pending(deployment: dict | None) -> bool:
 
 
 def desired_status(my: dict, deployment: dict | None, *,
-                   condition: tuple[str, str] | None = None, now: str | None = None) -> dict:
+                   condition: tuple[str, str] | None = None, now: str | None = None,
+                   pod_cause: str | None = None) -> dict:
     """The status `my` should have.
 
     `deployment`: our Deployment as last seen (None when missing or not ours);
     its status gives the replica counts. `condition`: (reason, message) for a
     failure (InvalidSpec, Conflict, ApplyFailed), which makes Ready False;
-    None computes Available / Progressing from the Deployment.
+    None computes Available / Progressing from the Deployment, with `pod_cause`
+    (why its Pods are not ready) in the message when not Available.
 
     Fields of the status we do not own (other conditions, say) are kept.
     `lastTransitionTime` moves only when the Ready status flips (set_condition).
@@ -691,7 +759,8 @@ def desired_status(my: dict, deployment: dict | None, *,
     old = my.get("status") or {}
     generation = meta_of(my).get("generation")
     if condition is None:
-        cond_status, reason, message = _readiness(effective_spec(my.get("spec")), deployment)
+        cond_status, reason, message = _readiness(effective_spec(my.get("spec")), deployment,
+                                                  pod_cause)
     else:
         cond_status, (reason, message) = "False", condition
     counts = (deployment or {}).get("status") or {}
@@ -803,6 +872,10 @@ class MyReconciler:
         # not the strings: one int per My at scale; a false match needs a 64-bit
         # collision for the same key.
         self._settled: dict[ObjectKey, int] = {}
+        # key -> (clock() of the next Pod read, the interval after it) and the cause
+        # the last read found, for a My that is not ready (see _pod_cause).
+        self._pod_checks: dict[ObjectKey, tuple[float, float]] = {}
+        self._pod_causes: dict[ObjectKey, str | None] = {}
         # (key, uid, resourceVersion) -> (problems, rendered children): see _desired.
         self._rendered: collections.OrderedDict = collections.OrderedDict()
         self._rendered_lock = threading.Lock()
@@ -812,12 +885,15 @@ class MyReconciler:
         # resync): known from the caches' resourceVersions alone, without building
         # the objects (the caches keep them packed).
         if self._settled.get(key) == self._cached_versions(key):
+            now = self._clock()
             until = self._held_until.get(key)
             if until is None:
-                return None
-            left = until - self._clock()
-            if left > 0:
-                return Result(requeue_after_seconds=left, priority=1)
+                check = self._pod_checks.get(key)
+                if check is None or check[0] > now:
+                    return None
+                # Its Pods are due to be read again (the timer _pod_cause set).
+            elif until > now:
+                return Result(requeue_after_seconds=until - now, priority=1)
             # The hold is over and nothing came: write the status as it stands.
         self._settled.pop(key, None)
         # The store answers with our own last write until its watch brings it.
@@ -831,6 +907,8 @@ class MyReconciler:
             self._held_until.pop(key, None)
             self._pending_since.pop(key, None)
             self._settled.pop(key, None)
+            self._pod_checks.pop(key, None)
+            self._pod_causes.pop(key, None)
             return None
         # Children our cache shows (or our last write of them).
         lives = {resource: self._cached_child(resource, key) for resource, _ in self.CHILDREN}
@@ -886,7 +964,8 @@ class MyReconciler:
             self._report_changes(my, changes)
 
         deployment = self._reported_deployment(key, my, lives[DEPLOYMENTS])
-        wait, reported = self._write_status(key, my, deployment,
+        pod_cause, recheck = self._pod_cause(key, my, deployment)
+        wait, reported = self._write_status(key, my, deployment, pod_cause=pod_cause,
                                             pending=_is_rollout_pending(deployment))
         # The versions this reconcile worked from or wrote, not a fresh cache read:
         # a version the watch brought meanwhile has not been reconciled yet.
@@ -894,8 +973,42 @@ class MyReconciler:
         if wait:
             # Priority: the Deployment's update (or the end of the window) brings
             # the key back ahead of the queue, so holding costs no extra queue pass.
-            return Result(requeue_after_seconds=wait, priority=1)
+            return Result(requeue_after_seconds=min(wait, recheck or wait), priority=1)
+        if recheck:
+            return Result(requeue_after_seconds=recheck)   # to read its Pods then
         return None
+
+    def _pod_cause(self, key: ObjectKey, my: dict, deployment: dict | None
+                   ) -> tuple[str | None, float | None]:
+        """(why the My's Pods are not ready, seconds until they are to be read again).
+
+        (None, None) while there is nothing to read them for (see
+        _pods_worth_reading). The first read comes POD_CHECK_FIRST_SECONDS after
+        the My was first seen unready, the next ones at doubling intervals; in
+        between, the cause the last read found is reported, so the message does
+        not flap. A failed read keeps that cause: it never fails the reconcile.
+        """
+        if not _pods_worth_reading(effective_spec(my.get("spec")), deployment):
+            self._pod_checks.pop(key, None)
+            self._pod_causes.pop(key, None)
+            return None, None
+        now = self._clock()
+        check = self._pod_checks.get(key)
+        if check is None:
+            self._pod_checks[key] = (now + POD_CHECK_FIRST_SECONDS, POD_CHECK_FIRST_SECONDS)
+            return None, POD_CHECK_FIRST_SECONDS
+        due, interval = check
+        if now < due:
+            return self._pod_causes.get(key), due - now
+        try:
+            pods = self.client.list(PODS, namespace=key.namespace, limit=POD_LIST_LIMIT,
+                                    label_selector=selector_string(key.name))["items"]
+            self._pod_causes[key] = pod_problem(pods)
+        except ApiError as err:
+            log.info("could not read the Pods of %s to tell why it is not ready: %s", key, err)
+        interval = min(2 * interval, POD_CHECK_MAX_SECONDS)
+        self._pod_checks[key] = (now + interval, interval)
+        return self._pod_causes.get(key), interval
 
     def _reported_deployment(self, key: ObjectKey, my: dict, deployment: dict | None
                              ) -> dict | None:
@@ -1176,14 +1289,15 @@ class MyReconciler:
         return max(0.0, until - now)
 
     def _write_status(self, key: ObjectKey, my: dict, deployment: dict | None, *,
-                      condition: tuple[str, str] | None = None,
+                      condition: tuple[str, str] | None = None, pod_cause: str | None = None,
                       pending: bool | None = None) -> tuple[float, dict | None]:
         """Write the status `my` should have, if it differs. Returns the seconds
         the caller should come back after when the write is held (_status_wait),
         and the My as it now stands (the server's answer when written; None when
         it was deleted meanwhile)."""
         old = my.get("status") or {}
-        new = desired_status(my, deployment, condition=condition, now=self._now())
+        new = desired_status(my, deployment, condition=condition, now=self._now(),
+                             pod_cause=pod_cause)
         wait = self._status_wait(key, pending)
         if not status_changed(old, new):
             self._held_until.pop(key, None)

@@ -32,6 +32,7 @@ from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES,
                       is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
                       resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
 from .packed import pack, unpack
+from .podstatus import pod_problem
 from .projection import DroppedFieldRead, Projection
 from .quantity import parse_quantity, same_quantity
 from .runner import Result, TerminalError, current_work, queued_seconds
@@ -40,7 +41,7 @@ from .watchproto import WatchEvent
 
 __all__ = [
     "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",
-    "current_work",
+    "current_work", "pod_problem",
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     "ApiError", "BadRequestError", "UnauthorizedError", "ForbiddenError", "NotFoundError",
     "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",

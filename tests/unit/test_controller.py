@@ -24,7 +24,7 @@ from controller import (
 )
 from k8s_http import (
     EventRecorder,
-    DEPLOYMENTS, EVENTS, SERVICES, DroppedFieldRead, InvalidError, ObjectKey,
+    DEPLOYMENTS, EVENTS, PODS, SERVICES, DroppedFieldRead, InvalidError, ObjectKey,
     Projection, Result,
     parse_duration, set_condition,
 )
@@ -203,7 +203,29 @@ def test_defaults_are_assumed_when_the_crd_did_not_fill_them():
     ({"image": "a", "env": [{"value": "x"}]}, "spec.env[0].name"),
     ({"image": "a", "env": [{"name": "A"}, {"name": "A"}]}, "duplicate"),
     ({"image": "a", "env": [{"name": "A", "value": 3}]}, "spec.env[0].value"),
-    ({"image": "a", "env": [{"name": "A", "valueFrom": {}}]}, "unsupported"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {}}]}, "exactly one of"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
+     "exactly one of secretKeyRef, configMapKeyRef"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
+                                                        "configMapKeyRef": {"name": "c",
+                                                                            "key": "k"}}}]},
+     "exactly one of"),
+    ({"image": "a", "env": [{"name": "A", "value": "x",
+                             "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+     "either value or valueFrom"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"key": "k"}}}]},
+     "secretKeyRef.name"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "Db",
+                                                                         "key": "k"}}}]},
+     "secretKeyRef.name"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "c",
+                                                                            "key": "a/b"}}}]},
+     "configMapKeyRef.key"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {
+        "name": "s", "key": "k", "namespace": "kube-system"}}}]}, "unsupported field(s) namespace"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {
+        "name": "s", "key": "k", "optional": "yes"}}}]}, "optional"),
+    ({"image": "a", "env": [{"name": "A", "valueFrom": "db"}]}, "exactly one of"),
     ({"image": "a", "env": ["A=1"]}, "spec.env[0]"),
     ({"image": "a", "resources": {"requests": {"cpu": "lots"}}}, "not a quantity"),
     ({"image": "a", "resources": {"requests": {"cpu": "-1"}}}, "not a quantity"),
@@ -263,6 +285,19 @@ def test_render_deployment_is_the_spec():
     # an empty value is dropped: the apiserver omits it, so keeping it would look like drift
     assert container["env"] == [{"name": "FOO", "value": "bar"}, {"name": "EMPTY"}]
     assert container["resources"] == {"requests": {"cpu": "100m"}, "limits": {"memory": "256Mi"}}
+
+
+def test_env_from_a_secret_or_config_map_key_is_valid_and_rendered_as_given():
+    env = [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+           {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode",
+                                                              "optional": True}}},
+           {"name": "PLAIN", "value": "x"}]
+    spec = {"image": "postgres:16", "env": env}
+    assert validate_spec(spec) == []
+    (container,) = render_deployment(make_my(spec))["spec"]["template"]["spec"]["containers"]
+    assert container["env"] == env
+    assert container["env"] is not env and container["env"][0]["valueFrom"] is not \
+        env[0]["valueFrom"]
 
 
 def test_render_deployment_omits_what_the_spec_does_not_set():
@@ -480,6 +515,15 @@ def observe_rollout(mgr, replicas=None, key=KEY):
     mgr.client.reset()
 
 
+def settled_but_pods(result):
+    """Nothing left to do but read the Pods of a My that is still unready, later
+    (observe_rollout makes none ready): a plain requeue, without priority, no later
+    than MyReconciler._pod_cause's first read."""
+    return result is None or (result.priority == 0 and not result.requeue and
+                              0 < result.requeue_after_seconds <=
+                              controller.POD_CHECK_FIRST_SECONDS)
+
+
 def test_first_reconcile_creates_both_children_and_writes_status_once(mgr, reconciler):
     # The status is held for the Deployment controller's answer, at most this long.
     assert reconciler(KEY) == held(controller.STATUS_COALESCE_SECONDS)
@@ -500,7 +544,7 @@ def test_first_reconcile_creates_both_children_and_writes_status_once(mgr, recon
     # its status update brings us back (one status write per create, not two).
     assert "status" not in mgr.client.obj(MY) or not mgr.client.obj(MY)["status"]
     observe_rollout(mgr)
-    assert reconciler(KEY) is None
+    assert settled_but_pods(reconciler(KEY))
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     status = mgr.client.obj(MY)["status"]
     assert status["conditions"][0]["reason"] == "Progressing"
@@ -514,7 +558,7 @@ def test_converged_reconciles_write_nothing(mgr, reconciler):
     mgr.sync()
     mgr.client.reset()
     for _ in range(3):
-        assert reconciler(KEY) is None
+        assert settled_but_pods(reconciler(KEY))
     assert mgr.client.calls == []      # not even a read: everything is in the caches
 
 
@@ -535,7 +579,7 @@ def test_an_echo_of_our_own_writes_costs_no_reconcile(mgr, reconciler, monkeypat
     reconciler(KEY)
     observe_rollout(mgr)
     renders = _counting_renders(monkeypatch, reconciler)
-    assert reconciler(KEY) is None                  # writes the status
+    assert settled_but_pods(reconciler(KEY))                  # writes the status
     assert len(renders) == 1 and mgr.client.writes() == [("patch_status", "my", "foobar")]
     mgr.client.reset()
     # The watch brings our own writes back (same resourceVersions): nothing to do,
@@ -571,7 +615,7 @@ def test_a_version_the_watch_brought_during_the_reconcile_is_not_taken_as_settle
 
     original = mgr.client.patch_status
     monkeypatch.setattr(mgr.client, "patch_status", user_edits_during_the_write)
-    assert reconciler(KEY) is None
+    assert settled_but_pods(reconciler(KEY))
     monkeypatch.setattr(mgr.client, "patch_status", original)
     assert mgr.stores[MY].get(KEY)["metadata"]["resourceVersion"] == changed["rv"]
     mgr.client.reset()
@@ -591,7 +635,7 @@ def test_echoes_during_a_hold_cost_no_reconcile_and_keep_the_window(mgr, reconci
     assert reconciler(KEY) == held(pytest.approx(hold * 0.5))
     assert renders == [] and mgr.client.calls == []
     observe_rollout(mgr)                             # the answer: a new version, reported
-    assert reconciler(KEY) is None
+    assert settled_but_pods(reconciler(KEY))
     assert len(renders) == 1 and mgr.client.writes() == [("patch_status", "my", "foobar")]
 
 
@@ -613,7 +657,7 @@ def test_a_spec_change_the_status_write_lands_on_is_not_taken_as_settled(
         return original(resource, name, patch, **kw)
 
     monkeypatch.setattr(mgr.client, "patch_status", user_edits_first)
-    assert reconciler(KEY) is None                  # status of generation 1, on generation 2
+    assert settled_but_pods(reconciler(KEY))                  # status of generation 1, on generation 2
     monkeypatch.setattr(mgr.client, "patch_status", original)
     mgr.sync()                                      # the watch: generation 2, our status on it
     assert mgr.stores[MY].get(KEY)["metadata"]["generation"] == 2
@@ -677,7 +721,7 @@ def test_the_unbroken_projections_run_the_same_scenario(mgr, reconciler):
     reconciler(KEY)
     mgr.sync()
     mgr.client.reset()
-    assert reconciler(KEY) is None and mgr.client.calls == []
+    assert settled_but_pods(reconciler(KEY)) and mgr.client.calls == []
     # and what the caches hold is the projection, not the object
     cached = mgr.store(DEPLOYMENTS).get(KEY)
     with pytest.raises(DroppedFieldRead):
@@ -737,7 +781,7 @@ def test_a_late_deployment_controller_gets_an_early_status_then_one_more(mgr, re
     assert "update pending" in cond["message"] and status["replicas"] == 0
     # The Deployment controller answers: its counts are written at once, once.
     observe_rollout(mgr)
-    assert reconciler(KEY) is None
+    assert settled_but_pods(reconciler(KEY))
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert mgr.client.obj(MY)["status"]["replicas"] == 1
     mgr.sync()
@@ -773,7 +817,7 @@ def test_the_hold_window_follows_the_queue_delay(mgr, reconciler, clock, queue_w
     queue_wait(0.0)                      # the early requeue waited nothing: same window
     assert reconciler(KEY) == held(pytest.approx(window * 0.5))
     observe_rollout(mgr)                 # the answer inside the window: one status write
-    assert reconciler(KEY) is None
+    assert settled_but_pods(reconciler(KEY))
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert mgr.client.obj(MY)["status"]["replicas"] == 1
 
@@ -789,11 +833,11 @@ def test_a_rollout_in_progress_is_reported_at_most_once_per_window(mgr, reconcil
     assert reconciler(KEY) == held(hold)
     assert mgr.client.writes() == []
     clock.advance(hold)
-    assert reconciler(KEY) is None       # the window is over: 2 of 3 is what there is
+    assert settled_but_pods(reconciler(KEY))       # the window is over: 2 of 3 is what there is
     status = mgr.client.obj(MY)["status"]
     assert (status["observedGeneration"], status["replicas"]) == (2, 2)
     observe_rollout(mgr)                 # done: written at once
-    assert reconciler(KEY) is None
+    assert settled_but_pods(reconciler(KEY))
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert mgr.client.obj(MY)["status"]["replicas"] == 3
 
@@ -812,7 +856,7 @@ def test_while_the_deployment_controller_answers_late_the_status_is_not_held(clo
         clock.advance(answer_after)
         mgr.sync()
         observe_rollout(mgr, key=key)
-        assert reconciler(key) is None       # a sample of how long the answer took
+        assert settled_but_pods(reconciler(key))       # a sample of how long the answer took
     key = ObjectKey("default", "next")
     mgr.client.put(MY, make_my(name="next"))
     mgr.sync()
@@ -839,7 +883,7 @@ def test_the_answer_time_estimate_leaves_out_our_own_queue_wait(clock, queue_wai
         mgr.sync()
         observe_rollout(mgr, key=key)
         queue_wait(10 * hold)              # the answer's event waited this long in our queue
-        assert reconciler(key) is None
+        assert settled_but_pods(reconciler(key))
     key = ObjectKey("default", "next")
     mgr.client.put(MY, make_my(name="next"))
     mgr.sync()
@@ -858,7 +902,7 @@ def test_an_answer_that_arrives_during_the_reconcile_is_reported_in_one_write(mg
             observe_rollout(mgr)            # ... and the informer has its answer
         return applied
     mgr.client.apply = apply_then_answer
-    assert reconciler(KEY) is None
+    assert settled_but_pods(reconciler(KEY))
     status = mgr.client.obj(MY)["status"]
     assert (status["observedGeneration"], status["replicas"]) == (1, 1)
     mgr.sync()
@@ -1097,7 +1141,7 @@ def test_a_vanished_child_of_a_live_my_is_recreated_after_one_read(mgr, reconcil
     del mgr.client.objects[("services", KEY)]
     mgr.sync()
     mgr.client.reset()
-    assert reconciler(KEY) is None
+    assert settled_but_pods(reconciler(KEY))
     assert mgr.client.calls[:2] == [("get", "my", "foobar"), ("apply-create", "services", "foobar")]
 
 
@@ -1594,3 +1638,87 @@ def test_validation_and_rendering_are_remembered_per_my_generation_and_bounded(
         other["metadata"]["generation"] = generation
         reconciler._desired(KEY, other)
     assert len(reconciler._rendered) == 3
+
+
+# ---------------------------------------------------------------------------
+# Why a My is not ready, from its Pods (read only while it stays unready)
+
+
+def ready_message(mgr):
+    (cond,) = [c for c in mgr.client.obj(MY)["status"]["conditions"] if c["type"] == "Ready"]
+    return cond["status"], cond["reason"], cond["message"]
+
+
+def pod_lists(mgr):
+    return [c for c in mgr.client.calls if c[0] == "list" and c[1] == "pods"]
+
+
+def test_the_pods_of_a_my_that_stays_unready_name_the_cause_then_less_often(
+        mgr, reconciler, clock):
+    reconciler(KEY)
+    observe_rollout(mgr)                        # 1 Pod made, none ready
+    first = controller.POD_CHECK_FIRST_SECONDS
+    assert reconciler(KEY) == Result(requeue_after_seconds=first)
+    assert pod_lists(mgr) == []                 # Pods get a moment to start: no read yet
+    assert ready_message(mgr) == ("False", "Progressing", "0/1 replicas ready")
+    mgr.client.put(PODS, {"metadata": {"name": "foobar-1", "namespace": "default"}, "status": {
+        "containerStatuses": [{"name": "app", "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": 'Back-off pulling image "postgres:16"'}}}]}})
+    clock.advance(first)
+    mgr.client.reset()
+    assert reconciler(KEY) == Result(requeue_after_seconds=2 * first)
+    (listed,) = pod_lists(mgr)
+    assert listed.kwargs["label_selector"] == controller.selector_string("foobar")
+    assert listed.kwargs["namespace"] == "default"
+    assert ready_message(mgr) == ("False", "Progressing", "0/1 replicas ready: Pod foobar-1: "
+                                  'container app ImagePullBackOff: Back-off pulling image '
+                                  '"postgres:16"')
+    # The echo of that write: settled, nothing read (the timer set above brings it back).
+    mgr.sync()
+    mgr.client.reset()
+    clock.advance(1)
+    assert reconciler(KEY) is None and mgr.client.calls == []
+    # Another change in between (a label): the cause stays, so no flapping message,
+    # no status write, and no read before it is due.
+    mgr.client.obj(MY)["metadata"]["resourceVersion"] = "8888"
+    mgr.sync()
+    assert reconciler(KEY) == Result(requeue_after_seconds=2 * first - 1)
+    assert mgr.client.calls == []
+    # Due: read again.
+    clock.advance(2 * first)
+    assert reconciler(KEY) == Result(requeue_after_seconds=4 * first)
+    assert len(pod_lists(mgr)) == 1 and mgr.client.writes() == []
+    # Ready at last: the message says so, and the Pods are not read again.
+    deployment = mgr.client.obj(DEPLOYMENTS)
+    deployment["status"]["readyReplicas"] = 1
+    deployment["metadata"]["resourceVersion"] = "9999"
+    mgr.sync()
+    mgr.client.reset()
+    assert reconciler(KEY) is None
+    assert pod_lists(mgr) == []
+    assert ready_message(mgr) == ("True", "Available", "1/1 replicas ready")
+
+
+def test_a_ready_my_never_reads_its_pods(mgr, reconciler, clock):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    deployment = mgr.client.obj(DEPLOYMENTS)
+    deployment["status"]["readyReplicas"] = 1
+    mgr.sync()
+    for _ in range(3):
+        assert reconciler(KEY) is None
+        clock.advance(controller.POD_CHECK_MAX_SECONDS)
+    assert pod_lists(mgr) == []
+
+
+def test_a_failed_pod_read_keeps_the_reconcile_and_tries_again_later(mgr, reconciler, clock):
+    reconciler(KEY)
+    observe_rollout(mgr)
+    reconciler(KEY)
+    clock.advance(controller.POD_CHECK_FIRST_SECONDS)
+
+    def refuse(resource, **kwargs):
+        raise controller.ApiError(403, "pods is forbidden", reason="Forbidden")
+    mgr.client.lists = refuse
+    assert reconciler(KEY) == Result(requeue_after_seconds=2 * controller.POD_CHECK_FIRST_SECONDS)
+    assert ready_message(mgr) == ("False", "Progressing", "0/1 replicas ready")
