@@ -27,7 +27,7 @@ Anything else that escapes is a crash: libFuzzer stops and writes the input to
 bench/.fuzz/artifacts/TARGET/. An input that runs over --timeout seconds is a
 hang, and the process going over --rss-limit-mb is a memory failure; both stop
 the run the same way. The corpus grows in bench/.fuzz/corpus/TARGET (git-ignored),
-seeded from the examples below on first use, and is reused by later runs.
+always holds the seeds below, and is reused by later runs.
 
 atheris lives in bench/.venv-fuzz, built from bench/requirements-fuzz.txt on
 first use; this script re-runs itself there, one libFuzzer process per target.
@@ -122,20 +122,24 @@ def _event_lines() -> list[bytes]:
 
 
 def _kubeconfigs() -> list[bytes]:
-    cluster = ("clusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n"
-               "    certificate-authority-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==\n")
+    # Past the YAML and the names, a stub certificate stops at the TLS check, which
+    # comes last: only the client-certificate seed has one.
+    cluster = "clusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n"
+    insecure = "    insecure-skip-tls-verify: true\n"
+    stub_ca = "    certificate-authority-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==\n"
     head = "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
     ctx = "contexts:\n- name: x\n  context: {cluster: c, user: u, namespace: ns}\n"
     users = [
-        "users:\n- name: u\n  user:\n    token: abc.def\n",
-        "users:\n- name: u\n  user:\n    tokenFile: token\n",
-        "users:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n"
-        "      command: ./plugin\n      args: [get-token]\n      interactiveMode: Never\n"
-        "      provideClusterInfo: true\n      env: [{name: A, value: b}]\n",
-        "users:\n- name: u\n  user:\n    client-certificate-data: QUJD\n"
-        "    client-key-data: QUJD\n",
+        (insecure, "users:\n- name: u\n  user:\n    token: abc.def\n"),
+        (insecure, "users:\n- name: u\n  user:\n    tokenFile: token\n"),
+        (insecure, "users:\n- name: u\n  user:\n    exec:\n"
+         "      apiVersion: client.authentication.k8s.io/v1\n      command: ./plugin\n"
+         "      args: [get-token]\n      interactiveMode: Never\n"
+         "      provideClusterInfo: true\n      env: [{name: A, value: b}]\n"),
+        (stub_ca, "users:\n- name: u\n  user:\n    client-certificate-data: QUJD\n"
+         "    client-key-data: QUJD\n"),
     ]
-    seeds = [(head + cluster + ctx + u).encode() for u in users]
+    seeds = [(head + cluster + tls + ctx + user).encode() for tls, user in users]
     seeds.append(b"apiVersion: v1\nclusters:\n- name: c\n  cluster:\n    server: http://h:80\n"
                  b"    proxy-url: http://proxy:3128\n    insecure-skip-tls-verify: true\n"
                  b"contexts:\n- {name: x, context: {cluster: c}}\ncurrent-context: x\n"
@@ -345,9 +349,8 @@ def prepare(target: str) -> tuple[Path, Path, Path]:
     artifacts = WORK / "artifacts" / target
     corpus.mkdir(parents=True, exist_ok=True)
     artifacts.mkdir(parents=True, exist_ok=True)
-    if not any(corpus.iterdir()):
-        for seed in seeds(target):
-            (corpus / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
+    for seed in seeds(target):          # named as libFuzzer names them: never twice
+        (corpus / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
     dictionary = WORK / f"{target}.dict"
     dictionary.write_text("".join(_dict_line(t) + "\n" for t in _TOKENS[target]))
     return corpus, artifacts, dictionary
@@ -369,6 +372,7 @@ def fuzz_one(python: Path, target: str, args) -> dict:
             f"-dict={dictionary}", f"-artifact_prefix={artifacts}/", "-print_final_stats=1",
             "-print_pcs=0"]
     started = dt.datetime.now(dt.timezone.utc)
+    load = os.getloadavg()[0]
     print(f"[fuzz] {target}: {args.seconds} s, log {log.relative_to(ROOT)}", file=sys.stderr,
           flush=True)
     with open(log, "w") as out:
@@ -382,6 +386,7 @@ def fuzz_one(python: Path, target: str, args) -> dict:
     exc = _PYTHON_EXC.search(text)
     record = {
         "target": target, "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "git": _git_head(), "load_at_start": round(load, 1),
         "seconds_asked": args.seconds,
         "seconds": int(done.group(2)) if done else
         int((dt.datetime.now(dt.timezone.utc) - started).total_seconds()),
@@ -400,6 +405,12 @@ def fuzz_one(python: Path, target: str, args) -> dict:
           f"{record['corpus_files']} corpus files, artifacts {new or 'none'}"
           + (f", {record['problem']}" if record["problem"] else ""), file=sys.stderr, flush=True)
     return record
+
+
+def _git_head() -> str:
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "?"
 
 
 def _problem(text: str, exc) -> str:
@@ -466,7 +477,8 @@ def render(data: dict) -> str:
     for r in runs:
         stopped = "time" if not r["problem"] and r["exit_code"] == 0 else \
             f"**{r['problem'] or 'exit ' + str(r['exit_code'])}** ({', '.join(r['artifacts'])})"
-        lines.append(f"| {r['target']} | {r['started']}, atheris {r['atheris']}, "
+        at = f", git {r['git']}, load {r['load_at_start']}" if "git" in r else ""
+        lines.append(f"| {r['target']} | {r['started']}{at}, atheris {r['atheris']}, "
                      f"CPython {r['python']}, PyYAML {r['pyyaml']} | `{r['command']}` | "
                      f"{r['seconds']} | {r['execs']:,} | {r['execs_per_second']:,} | "
                      f"{r['corpus_files']:,} | {r['coverage']} / {r['features']} | "
@@ -487,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         run_target(argv[1], argv[3:] if argv[2:3] == ["--"] else argv[2:])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", choices=TARGETS + ("all",))
+    parser.add_argument("target", choices=TARGETS + ("all", "render"),
+                        help="a target, all of them, or render: rewrite RESULTS.fuzz.md only")
     parser.add_argument("--seconds", type=int, default=600, help="per target (default 600)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="targets fuzzed at once by `all` (default 2: the VM has 2 cores)")
@@ -497,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-record", action="store_true",
                         help="leave bench/results/fuzz.json and RESULTS.fuzz.md alone")
     args = parser.parse_args(argv)
+    if args.target == "render":
+        RESULTS_MD.write_text(render(json.loads(RESULTS_JSON.read_text())))
+        return 0
     python = ensure_venv()
     targets = list(TARGETS) if args.target == "all" else [args.target]
     records: dict[str, dict] = {}
