@@ -8,8 +8,9 @@ The JSON lines are controller-runtime's (zap production encoder): keys
 `level` (debug, info, warn, error), `ts`, `logger`, `caller` (package/file:line),
 `msg`, then the reconcile context (`controller`, `controllerGroup`,
 `controllerKind`, `<Kind>: {name, namespace}`, `namespace`, `name`,
-`reconcileID`), any `extra=` fields, `error` (the exception as
-"Type: message", or an `extra={"error": ...}`) and `stacktrace` (the
+`reconcileID`), any `extra=` fields, `error` (the exception's message, as
+Go's err.Error() reads: no class name in front; the class name alone when the
+message is empty; or an `extra={"error": ...}`) and `stacktrace` (the
 traceback; for an error line without an exception, the call site's stack, as
 zap adds one to every error). So a log pipeline written for controller-runtime
 operators (`select(.level=="error") | .error`) reads ours unchanged. Python's
@@ -36,6 +37,7 @@ import contextvars
 import datetime as _dt
 import json
 import logging
+import random
 import re
 import sys
 import traceback
@@ -167,8 +169,15 @@ def current_context() -> dict[str, object]:
 
 
 def new_reconcile_id() -> str:
-    """A fresh id for one reconcile (a UUID, as controller-runtime uses)."""
-    return str(uuid.uuid4())
+    """A fresh id for one reconcile: a version-4 UUID, as controller-runtime's.
+
+    From `random` (seeded from os.urandom at start), not uuid.uuid4(): it only
+    has to tell reconciles apart, and an os.urandom syscall (with its GIL
+    hand-off) per reconcile showed at 14 % of the runner's own time in the
+    1,000-object burst profile. 122 random bits make a collision as unlikely
+    as uuid4's.
+    """
+    return str(uuid.UUID(int=random.getrandbits(128), version=4))
 
 
 class ContextFilter(logging.Filter):
@@ -275,7 +284,8 @@ class _BaseFormatter(logging.Formatter):
 
     @staticmethod
     def error_text(record: logging.LogRecord) -> str:
-        """The `error` field: the exception as "Type: message" ("" without one)."""
+        """The `error` field: the exception's message as Go's err.Error() gives it,
+        without the class name (which only stands in for an empty message); "" without one."""
         exc = record.exc_info[1] if record.exc_info else None
         if exc is None:
             return ""
@@ -283,8 +293,7 @@ class _BaseFormatter(logging.Formatter):
             text = str(exc)
         except Exception:
             text = "<unprintable>"
-        name = type(exc).__name__
-        return redact(_clip(f"{name}: {text}" if text else name))
+        return redact(_clip(text or type(exc).__name__))
 
     @staticmethod
     def call_stack() -> str:

@@ -84,6 +84,12 @@ class _Controller:
     informers: list[Informer] = field(default_factory=list)
 
 
+def _controller_keys(controller: _Controller) -> dict[str, str]:
+    """controller-runtime's keys on a controller's own lines (its LogConstructor(nil))."""
+    return {"controller": controller.name, "controllerGroup": controller.resource.group,
+            "controllerKind": controller.resource.kind}
+
+
 class Manager:
     """Runs controllers: `add_controller(...)`, then `run()` (or `start()`/`stop()`)."""
 
@@ -341,9 +347,13 @@ class Manager:
                 return
             self._synced_logged = True
         self._cache_fill.end()
-        log.info("caches synced; starting workers", extra={
+        log.info("caches synced", extra={
             "seconds_since_start": round(self._clock() - self._started_at, 3),
             "objects": {str(i.resource): len(i.store) for i in self._informers.values()}})
+        for controller in self._controllers:     # controller-runtime's lines and keys
+            log.info("Starting Controller", extra=_controller_keys(controller))
+            log.info("Starting workers", extra={**_controller_keys(controller),
+                                                "worker count": controller.runner.workers})
 
     def _is_stopping(self) -> bool:
         return self._draining.is_set() or self._stop.is_set()
@@ -484,10 +494,15 @@ class Manager:
         log.info("stopping: draining in-flight reconciles (up to %.0f s)",
                  self.graceful_shutdown_timeout_seconds)
         for controller in self._controllers:
+            log.info("Shutdown signal received, waiting for all workers to finish",
+                     extra=_controller_keys(controller))
             controller.runner.stop()
         if not self._wait_idle(self.graceful_shutdown_timeout_seconds):
             log.error("in-flight reconciles did not finish within the graceful timeout")
             self._exit_code = 1
+        else:
+            for controller in self._controllers:
+                log.info("All workers finished", extra=_controller_keys(controller))
         for controller in self._controllers:
             controller.queue.shutdown(drain=False)
         for recorder, timeout_seconds in self._recorders:

@@ -8,15 +8,19 @@ back, and tests need a fresh registry each.
 
 from __future__ import annotations
 
+import decimal
+import math
 import re
 import threading
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import generate_latest as _generate_text
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily
 
 __all__ = ["Metrics", "TalliedCounter", "build_info_name", "RECONCILE_RESULTS",
+           "go_float", "generate_text",
            "WATCH_RESTART_REASONS", "WATCH_EVENT_TYPES",
            "DECODE_ERROR_KINDS", "WORKQUEUE_BUCKETS", "exponential_buckets"]
 
@@ -37,6 +41,49 @@ WATCH_RESTART_REASONS = ("timeout", "disconnect", "stall", "gone", "too_large_rv
 # checks that every kind the code uses is listed here).
 DECODE_ERROR_KINDS = ("framing", "oversize", "json", "not_object", "utf8", "unknown_type",
                       "no_resource_version", "no_name", "skipped")
+
+
+def go_float(value: float) -> str:
+    """`value` as client_golang's text format writes it: strconv.FormatFloat(v, 'g', -1, 64),
+    and +Inf / -Inf / NaN. The shortest digits that read back as `value` (Python's
+    repr has the same ones), in exponent form below 1e-4 and from 1e6 on: "1",
+    "0.005", "1e-08", "1e+06", where prometheus-client writes "1.0" and "1000000.0".
+    """
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "-0" if math.copysign(1.0, value) < 0 else "0"
+    number = decimal.Decimal(repr(float(value))).normalize()
+    exponent = number.adjusted()
+    if -4 <= exponent < 6:
+        return format(number, "f")
+    sign, digits, _ = number.as_tuple()
+    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
+
+
+# A histogram bucket line of prometheus-client's text format, and one label in
+# it (a value is quoted, with \\, \" and \n escaped).
+_BUCKET_LABELS = re.compile(rb'^([^\s{]+_bucket\{)([^\n]*)(\} )', re.MULTILINE)
+_LABEL = re.compile(rb'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _go_le(label: re.Match) -> bytes:
+    if label.group(1) != b"le":
+        return label.group(0)
+    return b'le="' + go_float(float(label.group(2))).encode() + b'"'
+
+
+def generate_text(registry) -> bytes:
+    """The Prometheus text format (0.0.4) of `registry`, with bucket bounds written as
+    Go writes them (`le="1"`, not prometheus-client's `le="1.0"`), so a query or a
+    recording rule that names a literal `le` matches ours as it matches a Go
+    operator's. OpenMetrics needs nothing: there Go writes "1.0" too."""
+    return _BUCKET_LABELS.sub(
+        lambda line: line.group(1) + _LABEL.sub(_go_le, line.group(2)) + line.group(3),
+        _generate_text(registry))
 
 
 def exponential_buckets(start: float, factor: float, count: int) -> tuple[float, ...]:
@@ -105,8 +152,9 @@ class Metrics:
 
         # client-go workqueue
         # priority: controller-runtime labels depth by the priority of the
-        # queued items; this queue has one priority, reported as "" exactly as
-        # controller-runtime's provider does for a queue without priorities.
+        # queued items. A v0.24 controller runs on its priority queue, which
+        # writes strconv.Itoa(priority): "0" for the one priority this queue
+        # reports ("" is only its provider for a queue without priorities).
         self.workqueue_depth = Gauge(
             "workqueue_depth", "Current depth of workqueue by workqueue and priority",
             ["name", "controller", "priority"], registry=r)
@@ -212,7 +260,7 @@ class Metrics:
 
     def init_workqueue(self, name: str) -> None:
         """The queue's series; a controller's queue has the controller's name (both labels)."""
-        self.workqueue_depth.labels(name, name, "")
+        self.workqueue_depth.labels(name, name, "0")
         for family in (self.workqueue_adds_total,
                        self.workqueue_retries_total, self.workqueue_queue_duration_seconds,
                        self.workqueue_work_duration_seconds,

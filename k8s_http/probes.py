@@ -55,6 +55,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, generate_latest, CONTENT_TYPE_PLAIN_0_0_4
 
+from .metrics import generate_text
+
 # One parser for bind addresses, the flags' (re-exported: callers import them from here).
 from .flags import is_disabled, parse_bind_address
 
@@ -257,6 +259,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
         except Exception:  # an Accept header prometheus-client cannot parse
             encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+        if encoder is generate_latest:      # the text format: bucket bounds as Go writes them
+            encoder = generate_text
         self._reply(200, encoder(registry), content_type, head=head)
 
     def _all_checks(self, endpoint: str, checks: HealthChecks, fail_code: int,

@@ -22,7 +22,7 @@ real waits (`get(timeout_seconds=)`, `shutdown(timeout_seconds=)`) are
 measured on the real monotonic clock, so a fake clock cannot make them hang.
 
 Metrics (controller-runtime v0.24's names, labels ``(name, name)``, and
-``priority=""`` on depth): depth, adds, retries, queue and work duration are
+``priority="0"`` on depth): depth, adds, retries, queue and work duration are
 updated as things happen. `workqueue_retries_total` counts what client-go's
 delaying queue counts: every `add_after()` (a `requeue_after` result included)
 and every `add_rate_limited()` made before shutdown. The two "work in
@@ -102,7 +102,7 @@ class _Queue:
         self.metrics = metrics if metrics is not None else Metrics()
         m, labels = self.metrics, (name, name)
         m.init_workqueue(name)
-        self._m_depth = m.workqueue_depth.labels(*labels, "")
+        self._m_depth = m.workqueue_depth.labels(*labels, "0")
         self._m_adds = m.workqueue_adds_total.labels(*labels)
         self._m_retries = m.workqueue_retries_total.labels(*labels)
         self._m_queue_duration = m.workqueue_queue_duration_seconds.labels(*labels)

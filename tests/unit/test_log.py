@@ -5,6 +5,7 @@ import json
 import logging
 import re
 import threading
+import uuid
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_error_and_stacktrace_keys(json_log):
     logger.error("no exception here")
     failed, warned, bare = lines()
     assert failed["msg"] == "Reconciler error"          # the error text is not in msg
-    assert failed["error"] == "KeyError: 'missing'"
+    assert failed["error"] == "'missing'"              # err.Error(): no class name in front
     assert failed["stacktrace"].startswith("Traceback (most recent call last):")
     assert list(failed)[-2:] == ["error", "stacktrace"]
     assert warned["error"] == "Forbidden: leases" and "stacktrace" not in warned
@@ -179,7 +180,7 @@ def test_traceback_in_stacktrace_field(json_log):
     assert doc["level"] == "error" and doc["msg"] == "reconcile failed"
     assert doc["stacktrace"].startswith("Traceback (most recent call last):")
     assert "RuntimeError: kaboom" in doc["stacktrace"]
-    assert doc["error"] == "RuntimeError: kaboom"
+    assert doc["error"] == "kaboom"
 
 
 def test_traceback_in_text_format(text_log):
@@ -189,8 +190,7 @@ def test_traceback_in_text_format(text_log):
     except ValueError:
         logger.exception("failed")
     out = stream.getvalue()
-    assert 'ERROR test.logger: failed error="ValueError: bad"\nTraceback (most recent call' \
-        in out
+    assert 'ERROR test.logger: failed error=bad\nTraceback (most recent call' in out
     assert out.rstrip().endswith("ValueError: bad")
 
 
@@ -337,6 +337,25 @@ def test_setup_rejects_bad_format(root_logging):
 
 def test_reconcile_id_is_unique():
     assert klog.new_reconcile_id() != klog.new_reconcile_id()
+
+
+def test_reconcile_id_is_a_uuid_as_controller_runtimes():
+    ids = {klog.new_reconcile_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for rid in ids:
+        parsed = uuid.UUID(rid)
+        assert str(parsed) == rid and parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+
+
+def test_an_exception_without_a_message_reads_as_its_class_name(json_log):
+    logger, lines = json_log
+    try:
+        raise TimeoutError()
+    except TimeoutError as err:
+        logger.error("failed", exc_info=err)
+    [doc] = lines()
+    assert doc["error"] == "TimeoutError"          # not an empty error
 
 
 def test_redact_filter_rewrites_the_record_for_every_handler():

@@ -36,7 +36,10 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http.metrics import DECODE_ERROR_KINDS, Metrics
+from prometheus_client import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+from k8s_http.metrics import DECODE_ERROR_KINDS, Metrics, generate_text, go_float
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -163,6 +166,81 @@ def test_workqueue_bucket_bounds_print_as_go_prints_them():
     assert les[:6] == ["1e-08", "1e-07", "1e-06", "9.999999999999999e-06",
                        "9.999999999999999e-05", "0.001"]
     assert les[-3:] == ["100.0", "1000.0", "+Inf"]
+
+
+def _exposed_les(text: str, family: str) -> list[str]:
+    return re.findall(rf'^{family}_bucket{{[^\n]*\ble="([^"]*)"', text, re.MULTILINE)
+
+
+def _registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.init_controller("my", 4)
+    metrics.init_workqueue("my")
+    metrics.rest_client_request_duration_seconds.labels("GET", "h")
+    return registry
+
+
+@pytest.mark.parametrize("value,go", [
+    (1.0, "1"), (0.0, "0"), (10.0, "10"), (1000.0, "1000"), (100000.0, "100000"),
+    (1e6, "1e+06"), (123456789.0, "1.23456789e+08"), (2.5, "2.5"), (0.005, "0.005"),
+    (0.0001, "0.0001"), (1e-05, "1e-05"), (1e-08, "1e-08"), (1.5e-07, "1.5e-07"),
+    (9.999999999999999e-06, "9.999999999999999e-06"), (-2.0, "-2"),
+    (math.inf, "+Inf"), (-math.inf, "-Inf")])
+def test_go_float_is_strconv_format_float_g(value, go):
+    # strconv.FormatFloat(v, 'g', -1, 64): %e below 1e-4 and from 1e+06 on, shortest digits
+    assert go_float(value) == go
+
+
+def test_text_exposition_writes_bucket_bounds_as_go():
+    """client_golang's text format: `le="1"`, `le="60"`, `le="+Inf"` (expfmt writeFloat);
+    prometheus-client's own would say "1.0", so a rule naming le="1" would miss ours."""
+    text = generate_text(_registry()).decode()
+    reconcile = _exposed_les(text, "controller_runtime_reconcile_time_seconds")
+    assert reconcile[:3] == ["0.005", "0.01", "0.025"]
+    assert "1" in reconcile and "60" in reconcile and "1.0" not in reconcile
+    assert reconcile[-1] == "+Inf"
+    queue = _exposed_les(text, "workqueue_queue_duration_seconds")
+    assert queue == ["1e-08", "1e-07", "1e-06", "9.999999999999999e-06",
+                     "9.999999999999999e-05", "0.001", "0.01", "0.1", "1", "10", "100",
+                     "1000", "+Inf"]
+    rest = _exposed_les(text, "rest_client_request_duration_seconds")
+    assert rest == ["0.005", "0.025", "0.1", "0.25", "0.5", "1", "2", "4", "8", "15", "30",
+                    "60", "+Inf"]
+    # nothing else changed: the same lines as prometheus-client's, le apart
+    registry = _registry()
+
+    def same(exposition: bytes) -> str:     # le apart, and the _created times of the moment
+        lines = exposition.decode().splitlines()
+        return re.sub(r'le="[^"]*"', "", "\n".join(l for l in lines if "_created" not in l))
+    assert same(generate_text(registry)) == same(generate_latest(registry))
+
+
+def test_openmetrics_exposition_writes_bucket_bounds_as_go():
+    """client_golang's OpenMetrics writer (writeOpenMetricsFloat) appends ".0" to a
+    bound with neither "." nor "e": "1.0", "60.0", "1e-08", "+Inf". prometheus-client's
+    OpenMetrics output already reads so; the wrapper leaves it alone."""
+    text = openmetrics_latest(_registry()).decode()
+    for family in ("controller_runtime_reconcile_time_seconds",
+                   "workqueue_queue_duration_seconds", "rest_client_request_duration_seconds"):
+        les = _exposed_les(text, family)
+        assert les and les[-1] == "+Inf"
+        for le in les[:-1]:
+            go = go_float(float(le))
+            assert le == (go if "." in go or "e" in go else go + ".0"), (family, le)
+
+
+def test_the_metrics_endpoint_serves_the_go_text_format():
+    from k8s_http import probes
+    assert probes.generate_text is generate_text
+    source = pathlib.Path(probes.__file__).read_text()
+    assert "encoder = generate_text" in source
+
+
+def test_workqueue_depth_priority_is_controller_runtimes_zero():
+    # a v0.24 controller's priority queue: strconv.Itoa(priority), "0" for the default one
+    depth = [s for s in FAMILIES["workqueue_depth"].samples]
+    assert depth and all(s.labels["priority"] == "0" for s in depth)
 
 
 def test_every_decode_error_kind_the_code_uses_is_pre_set():

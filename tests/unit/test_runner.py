@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import uuid
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -423,7 +424,8 @@ def test_log_context_wraps_each_reconcile(h):
     idle(runner)
     assert [(c, k) for c, k, _ in seen] == [("ctl", "a"), ("ctl", "b")]
     ids = [rid for _, _, rid in seen]
-    assert len(set(ids)) == 2 and all(len(rid) == 8 for rid in ids)
+    # controller-runtime's reconcileID: a UUID
+    assert len(set(ids)) == 2 and all(uuid.UUID(rid).version == 4 for rid in ids)
 
 
 def test_a_broken_log_context_does_not_kill_the_worker(h):
