@@ -274,3 +274,28 @@ def test_caches_synced_is_logged_once_when_the_last_cache_has_synced(server, cap
         assert _get(port, "/readyz")[0] == 200
     finally:
         assert mgr.stop() == 0
+
+
+def test_start_and_stop_lines_are_controller_runtimes(server, caplog):
+    """The messages and keys of controller-runtime's controller.go, which log
+    pipelines and saved searches look for."""
+    import logging
+    caplog.set_level(logging.INFO, logger="k8s_http")
+    mgr = _manager(server)
+    mgr.add_controller(CONFIGMAPS, lambda key: None, workers=3)
+    mgr.start()
+    try:
+        eventually(lambda: any(r.getMessage() == "Starting workers" for r in caplog.records),
+                   message="no 'Starting workers' line")
+    finally:
+        assert mgr.stop() == 0
+    lines = [r for r in caplog.records if r.getMessage() in (
+        "Starting Controller", "Starting workers",
+        "Shutdown signal received, waiting for all workers to finish", "All workers finished")]
+    assert [r.getMessage() for r in lines] == [
+        "Starting Controller", "Starting workers",
+        "Shutdown signal received, waiting for all workers to finish", "All workers finished"]
+    for r in lines:
+        assert (r.controller, r.controllerGroup, r.controllerKind) == \
+            ("configmap", "", "ConfigMap"), r.getMessage()
+    assert getattr(lines[1], "worker count") == 3
