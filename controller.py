@@ -822,7 +822,8 @@ class MyReconciler:
     Reads `stores`, the caches of My and of our children by resource (MY,
     DEPLOYMENTS, SERVICES; the children's selected by MANAGED_SELECTOR, see
     `main`), and writes through `client`. `watch_for_deletion(resource, key,
-    owner) -> bool` and `cancel_deletion_watches(owner)` are the Manager's
+    owner) -> bool`, `cancel_deletion_watches(owner)` and `watching_deletion(resource,
+    key) -> bool` are the Manager's
     narrow watches on a name outside the caches (a conflicting child).
 
     Level-based: every call looks at the current state (caches, and the server
@@ -835,6 +836,7 @@ class MyReconciler:
     def __init__(self, client, stores: Mapping[Resource, Store], *,
                  watch_for_deletion: Callable[[Resource, ObjectKey, ObjectKey], bool],
                  cancel_deletion_watches: Callable[[ObjectKey], None],
+                 watching_deletion: Callable[[Resource, ObjectKey], bool] = lambda r, k: False,
                  recorder: EventRecorder | None = None,
                  now: Callable[[], str] = rfc3339_now,
                  clock: Callable[[], float] = time.monotonic,
@@ -843,6 +845,7 @@ class MyReconciler:
         self._stores = stores
         self._watch_for_deletion = watch_for_deletion
         self._cancel_deletion_watches = cancel_deletion_watches
+        self._watching_deletion = watching_deletion
         # main() passes the manager's asynchronous recorder; this one waits for each Event.
         self.recorder = recorder or EventRecorder(client, component=NAME)
         self._now = now
@@ -931,7 +934,10 @@ class MyReconciler:
             if live is not None and not is_controlled_by(live, my):
                 return self._conflict(key, my, resource, live)
 
-        if any(live is None for live in lives.values()) and self._has_acted_on(my) \
+        # A child missing for a reason we know (its name taken, watched) is no sign
+        # of a stale cache: no live read for it.
+        if any(live is None and not self._watching_deletion(resource, key)
+               for resource, live in lives.items()) and self._has_acted_on(my) \
                 and not self._still_exists(key, my):
             return None
 
@@ -1122,6 +1128,15 @@ class MyReconciler:
             live = self._remove_foreign_entries(key, resource, desired, live, changes)
         if not needs_apply(desired, live):
             return live
+        if live is None and self._watching_deletion(resource, key):
+            # The name is known to be taken (found so, and its squatter's deletion not
+            # yet reported): another create would only be refused. The Conflict status
+            # stands (written again only for a new generation); the deletion watch
+            # brings the key back when the squatter goes.
+            cond = get_condition(my, CONDITION_READY) or {}
+            if cond.get("reason") == CONFLICT:
+                self._write_status(key, my, None, condition=(CONFLICT, cond.get("message", "")))
+                return _Blocked(None)
         if live is None:
             try:
                 applied = self._apply(resource, desired, key, create_only=True)
@@ -1380,6 +1395,7 @@ def main(argv: list[str] | None = None) -> int:
                                       transform=PROJECTIONS[SERVICES])}
     reconciler = MyReconciler(mgr.client, stores, watch_for_deletion=mgr.watch_for_deletion,
                               cancel_deletion_watches=mgr.cancel_deletion_watches,
+                              watching_deletion=mgr.watching_deletion,
                               recorder=mgr.event_recorder(NAME))
     mgr.add_controller(MY, reconciler, owns=[DEPLOYMENTS, SERVICES],
                        owns_label_selector=MANAGED_SELECTOR, workers=args.workers,

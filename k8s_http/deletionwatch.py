@@ -79,6 +79,11 @@ class DeletionWatches:
         log.debug("watching %s %s until it is deleted (for %s)", resource.kind, key, owner)
         return True
 
+    def watching(self, resource: Resource, key: ObjectKey) -> bool:
+        """Whether `key` is being watched: taken when last seen, its deletion not reported."""
+        with self._lock:
+            return (resource, key) in self._watches
+
     def cancel(self, owner: ObjectKey) -> None:
         """Stop every watch made for `owner` (it was deleted, say)."""
         with self._lock:

@@ -322,6 +322,13 @@ class Manager:
             return False
         return watches.watch(resource, key, owner)
 
+    def watching_deletion(self, resource: Resource, key: ObjectKey, *,
+                          controller: str | None = None) -> bool:
+        """Whether `watch_for_deletion` watches `key` now: it was taken when last seen,
+        and its deletion has not been reported (the owner is enqueued when it is)."""
+        watches = self._deletion_watches.get(self._controller(controller).name)
+        return watches is not None and watches.watching(resource, key)
+
     def cancel_deletion_watches(self, owner: ObjectKey, *, controller: str | None = None) -> None:
         """Drop the watches `watch_for_deletion` made for `owner` (it is gone, say)."""
         watches = self._deletion_watches.get(self._controller(controller).name)

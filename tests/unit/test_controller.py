@@ -100,6 +100,9 @@ class FakeManager:
         self.deletion_watches[(resource.plural, key)] = owner
         return True
 
+    def watching_deletion(self, resource, key, controller=None):
+        return (resource.plural, key) in self.deletion_watches
+
     def cancel_deletion_watches(self, owner, controller=None):
         for k in [k for k, o in self.deletion_watches.items() if o == owner]:
             del self.deletion_watches[k]
@@ -148,7 +151,8 @@ def new_reconciler(mgr, **options):
     """A MyReconciler on the fake manager's caches, client and deletion watches (the
     stores mapping is shared, so `mgr.forget` reaches the reconciler)."""
     return MyReconciler(mgr.client, mgr.stores, watch_for_deletion=mgr.watch_for_deletion,
-                        cancel_deletion_watches=mgr.cancel_deletion_watches, **options)
+                        cancel_deletion_watches=mgr.cancel_deletion_watches,
+                        watching_deletion=mgr.watching_deletion, **options)
 
 
 def held(seconds):
@@ -1051,8 +1055,10 @@ def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
     mgr.client.reset()
     reconciler(KEY)
     assert mgr.client.writes() == [] and mgr.client.events == []
-    # the foreign object goes away: we take over the name
+    # the foreign object goes away (its deletion watch reports it, and ends): we
+    # take over the name
     del mgr.client.objects[("deployments", KEY)]
+    mgr.deletion_watches.clear()
     mgr.sync()
     mgr.client.reset()
     assert reconciler(KEY) == held(controller.STATUS_COALESCE_SECONDS)
@@ -1078,6 +1084,36 @@ def test_a_foreign_service_is_found_by_the_refused_create(mgr, reconciler):
         ("get", "services", "foobar"), ("patch_status", "my", "foobar")]
     assert reasons(mgr) == [("Warning", "Conflict"), ("Normal", "Created")]
     assert mgr.client.obj(MY)["status"]["conditions"][0]["reason"] == "Conflict"
+
+
+def test_a_name_known_taken_gets_no_more_refused_writes_until_its_squatter_is_gone(
+        mgr, reconciler):
+    """The sibling Deployment's status updates wake the key again and again: while the
+    Service's name is watched as taken, none of those reconciles tries a create that
+    the apiserver would refuse (409), and none writes."""
+    mgr.client.put(SERVICES, {"apiVersion": "v1", "kind": "Service",
+                              "metadata": {"name": "foobar", "namespace": "default",
+                                           "uid": "foreign"}, "spec": {"ports": [{"port": 80}]}})
+    reconciler(KEY)
+    assert mgr.deletion_watches == {("services", KEY): KEY}
+    for replicas in (0, 1):
+        observe_rollout(mgr, replicas=replicas)
+        reconciler(KEY)
+        assert [c for c in mgr.client.calls if c[1] == "services"] == []
+        assert mgr.client.writes() == []
+    # A new generation is still acknowledged (observedGeneration), without a create.
+    change_spec(mgr, replicas=1)
+    reconciler(KEY)
+    assert [c for c in mgr.client.calls if c[1] == "services"] == []
+    status = mgr.client.obj(MY)["status"]
+    assert status["observedGeneration"] == 2 and status["conditions"][0]["reason"] == "Conflict"
+    # The squatter goes, and its watch reports it: our Service is created.
+    del mgr.client.objects[("services", KEY)]
+    mgr.deletion_watches.clear()
+    mgr.sync()
+    mgr.client.reset()
+    reconciler(KEY)
+    assert ("apply-create", "services", "foobar") in mgr.client.writes()
 
 
 def test_a_reconcile_before_the_watch_brings_our_children_writes_nothing(mgr, reconciler):

@@ -113,6 +113,8 @@ EXPECTED_API = [
     # running controllers
     "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",
     "current_work",
+    # workloads
+    "pod_problem",
     # talking to the apiserver
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     # errors
