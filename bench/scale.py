@@ -334,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     if "kopf" in args.operators:
         footprint.ensure_kopf_venv()
     work_dir = Path(tempfile.mkdtemp(prefix="my-controller-scale-"))
-    cluster = BenchCluster(work_dir, attach_dir=args.cluster_dir, apiserver_args=APISERVER_ARGS)
+    # Pod-less by choice (as bench/scaling/plane.py): the fleet's Pods are not what is measured.
+    cluster = BenchCluster(work_dir, attach_dir=args.cluster_dir, apiserver_args=APISERVER_ARGS,
+                           pods=False)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
     out = args.out or RESULTS / f"scale-{stamp}.json"
     data: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v)

@@ -76,11 +76,12 @@ def proc_cpu_seconds(pid: int) -> float:
 
 def bench_control_plane(audit_dir: Path, *, apiserver_args: tuple[str, ...] = (),
                         controller_manager_args: tuple[str, ...] = (),
-                        state_dir: Path | None = None) -> ControlPlane:
+                        state_dir: Path | None = None, pods: bool = True) -> ControlPlane:
     """The project's control plane (state in `state_dir`, default a temp dir), with an
     apiserver audit log (audit_dir/audit.log) for counting requests and a faster
     controller-manager. Extra flags come after the defaults, so they override them
-    (the last occurrence of a flag wins)."""
+    (the last occurrence of a flag wins). `pods=False`: no scheduler, kwok or Nodes
+    (the scale benchmark's fleets, where no Pod is wanted)."""
     policy = audit_dir / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     return ControlPlane(
@@ -94,7 +95,8 @@ def bench_control_plane(audit_dir: Path, *, apiserver_args: tuple[str, ...] = ()
             *apiserver_args,
         ],
         controller_manager_args=[f"--kube-api-qps={KCM_API_QPS}",
-                                 f"--kube-api-burst={KCM_API_BURST}", *controller_manager_args])
+                                 f"--kube-api-burst={KCM_API_BURST}", *controller_manager_args],
+        pods=pods)
 
 
 @dataclass
@@ -218,11 +220,11 @@ class BenchCluster:
 
     def __init__(self, work_dir: Path, *, attach_dir: Path | None = None,
                  apiserver_args: tuple[str, ...] = (),
-                 controller_manager_args: tuple[str, ...] = ()):
+                 controller_manager_args: tuple[str, ...] = (), pods: bool = True):
         self.work_dir = work_dir
         self.attach_dir = attach_dir
         self.extra_args = {"apiserver_args": apiserver_args,
-                           "controller_manager_args": controller_manager_args}
+                           "controller_manager_args": controller_manager_args, "pods": pods}
         self.plane: ControlPlane | None = None
         self.counter: AuditLog | ApiserverMetrics | None = None
         self.client: ApiClient | None = None

@@ -1,4 +1,5 @@
-"""Fixtures for tests against a real etcd + kube-apiserver + kube-controller-manager.
+"""Fixtures for tests against a real etcd + kube-apiserver + kube-controller-manager,
+with kube-scheduler and kwok running Pods on 3 fake Nodes.
 
     control_plane     session: attaches to the plane `make cluster` runs (state in
                       $MY_CONTROLLER_CLUSTER_DIR or .cluster/) if one is serving,
@@ -59,9 +60,9 @@ def pytest_collection_finish(session):
     try:
         if capture is not None:
             with capture.global_and_fixture_disabled():
-                find_binaries()
+                find_binaries(need_pods=True)
         else:
-            find_binaries()
+            find_binaries(need_pods=True)
     except ControlPlaneError as exc:
         _binaries_error = str(exc)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the local control plane (etcd, kube-apiserver, kube-controller-manager,
-# kubectl) from the Go module proxy into a cache outside the repository.
+# kube-scheduler, kubectl, and kwok for fake Nodes and Pods) from the Go module
+# proxy into a cache outside the repository.
 #
 #   tests/support/build_testbin.sh            # prints the binary directory
 #
@@ -11,18 +12,25 @@
 # replace directives count, so the wrapper's win.
 #
 # Built once per machine and version: a finished directory holds a .complete
-# stamp; anything without the stamp is rebuilt.
+# stamp and every binary; anything missing is built (a cache from before
+# kube-scheduler and kwok joined gets just those two).
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 CACHE="${MY_CONTROLLER_CACHE:-$HOME/.cache/my-controller}"
 OUT="$CACHE/testbin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
 WORK="$CACHE/build"
 
 log() { printf '[build-testbin] %s\n' "$*" >&2; }
 
-if [[ -f "$OUT/.complete" ]]; then
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+complete() {
+    [[ -f "$OUT/.complete" ]] || return 1
+    local b; for b in "${BINARIES[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done
+}
+if complete; then
     echo "$OUT"
     exit 0
 fi
@@ -38,7 +46,7 @@ if command -v flock >/dev/null; then
         log "another build holds $CACHE/build.lock; waiting for it to finish"
         flock 9
     fi
-    if [[ -f "$OUT/.complete" ]]; then
+    if complete; then
         echo "$OUT"
         exit 0
     fi
@@ -74,6 +82,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubectl/pkg/cmd"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
@@ -84,7 +93,8 @@ GO
         -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ) \
         -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 \
         -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-    for cmd in kube-apiserver kube-controller-manager kubectl; do
+    for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+        [[ -x "$OUT/$cmd" ]] && continue
         log "kubernetes $K8S_VERSION: building $cmd (cold builds take 10-30 minutes on 2 cores)"
         go build -v -trimpath -ldflags "$ldflags" -o "$OUT/$cmd" "k8s.io/kubernetes/cmd/$cmd" 2>&1 | progress "$cmd"
         [[ -x "$OUT/$cmd" ]] || { log "building $cmd failed"; exit 1; }
@@ -107,9 +117,19 @@ build_etcd() {
     [[ -x "$OUT/etcd" ]] || { log "building etcd failed"; exit 1; }
 }
 
+# kwok is its own module with no replace directives: `go install` builds it
+# as published (it simulates the kubelet of fake Nodes; stages come from
+# tests/support/kwok/, as the plain binary ships none).
+build_kwok() {
+    log "kwok $KWOK_VERSION: building (a cold build takes 2-5 minutes)"
+    GOFLAGS= GOBIN="$OUT" go install -v -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" 2>&1 | progress kwok
+    [[ -x "$OUT/kwok" ]] || { log "building kwok failed"; exit 1; }
+}
+
 start=$(date +%s)
 [[ -x "$OUT/etcd" ]] || build_etcd
-[[ -x "$OUT/kube-apiserver" && -x "$OUT/kube-controller-manager" && -x "$OUT/kubectl" ]] || build_kubernetes
+[[ -x "$OUT/kube-apiserver" && -x "$OUT/kube-controller-manager" && -x "$OUT/kube-scheduler" && -x "$OUT/kubectl" ]] || build_kubernetes
+[[ -x "$OUT/kwok" ]] || build_kwok
 "$OUT/kube-apiserver" --version >&2
 touch "$OUT/.complete"
 log "done in $(( $(date +%s) - start )) s: $OUT"

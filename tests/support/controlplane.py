@@ -1,9 +1,14 @@
 """A local Kubernetes control plane for tests, benchmarks and demos (envtest-like).
 
 Real etcd + kube-apiserver (+ kube-controller-manager for garbage collection,
-Deployments, ReplicaSets, namespaces and tokens) on loopback ports, with a
-throw-away PKI. No kubelet: Pods are never run, which is all an operator's
-tests need.
+Deployments, ReplicaSets, namespaces, tokens and Node lifecycle) on loopback
+ports, with a throw-away PKI; and, by default, Pods that run: kube-scheduler
+places them on fake Nodes that kwok (sigs.k8s.io/kwok) keeps alive, and kwok
+plays their kubelet from the stages in tests/support/kwok/ (Running and Ready
+at once; the failures a test asks for by name, see kwok/stages.yaml). The
+Deployment, ReplicaSet, node-lifecycle, taint-eviction and Pod GC controllers
+are the real ones. `pods=False` gives the Pod-less plane the scale benchmark
+chose explicitly (no scheduler, no kwok, no Nodes).
 
 As a library::
 
@@ -12,6 +17,7 @@ As a library::
     plane.admin_kubeconfig          # path of a client-cert kubeconfig (system:masters)
     plane.mint_service_account_kubeconfig("ns", "sa", "/tmp/sa.kubeconfig")
     plane.restart_apiserver()       # same port, same etcd: for fault tests
+    plane.node_names                # the fake Nodes (3 by default: ControlPlane(nodes=N))
     plane.stop()                    # idempotent; also runs at exit and on SIGTERM/SIGHUP
 
 As a command (state in $MY_CONTROLLER_CLUSTER_DIR, default <repo>/.cluster)::
@@ -23,8 +29,8 @@ As a command (state in $MY_CONTROLLER_CLUSTER_DIR, default <repo>/.cluster)::
     python -m tests.support.controlplane run      # foreground until Ctrl-C
 
 Binaries, in this order: $KUBEBUILDER_ASSETS (envtest's layout: etcd,
-kube-apiserver, kubectl; kube-controller-manager is not part of envtest's
-archives, so it may come from the next source), our cache
+kube-apiserver, kubectl; kube-controller-manager, kube-scheduler and kwok are
+not part of envtest's archives, so they may come from the next source), our cache
 (~/.cache/my-controller/testbin/...), else tests/support/build_testbin.sh
 builds them once per machine, its progress on stderr.
 
@@ -78,6 +84,16 @@ ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tests" / "support" / "build_testbin.sh"
+# kwok's configuration (its option defaults are not applied to a --config file,
+# so every parallelism is set) and the stages that play the fake Nodes' kubelet.
+KWOK_DIR = REPO_ROOT / "tests" / "support" / "kwok"
+KWOK_CONFIGS = (KWOK_DIR / "kwok.yaml", KWOK_DIR / "stages.yaml")
+# kwok manages the Nodes carrying this label, and only those.
+FAKE_NODE_LABEL = ("type", "kwok")
+DEFAULT_NODES = 3
+# The Ready-timeouts below are for busy machines: a fake Node is Ready, and
+# free of the apiserver's not-ready taint, within seconds when idle.
+NODES_READY_TIMEOUT_SECONDS = 90.0
 
 # The controllers an operator's end-to-end tests lean on: ownerReference
 # cascades (garbage collector), Deployment -> ReplicaSet (Pods are never run:
@@ -90,6 +106,15 @@ KCM_CONTROLLERS = (
     "namespace-controller",
     "serviceaccount-token-controller",
     "serviceaccount-controller",
+)
+# With Pods: the apiserver taints every new Node not-ready:NoSchedule, which
+# only the node-lifecycle controller removes (and it marks the Pods of a Node
+# that stops reporting not ready); taint-eviction evicts them from a Node gone
+# NotReady or unreachable; Pod GC deletes the Pods of a deleted Node.
+POD_KCM_CONTROLLERS = (
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "pod-garbage-collector-controller",
 )
 
 # A /16: room for 65,534 Services, so a 1000-object burst (bench, demo, an
@@ -112,7 +137,9 @@ KCM_READY_TIMEOUT_SECONDS = 90.0
 STOP_GRACE_SECONDS = 10.0
 
 STATE_FILE = "state.json"
-PROCESS_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager")
+# Who each component's kubeconfig authenticates as (client certificates, see make_pki).
+COMPONENT_USERS = ("system:kube-controller-manager", "system:kube-scheduler", "kwok-controller")
+PROCESS_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
 class ControlPlaneError(RuntimeError):
@@ -137,6 +164,8 @@ class Binaries:
     kube_controller_manager: str | None
     kubectl: str | None
     source: str                    # where they came from, for logs and reports
+    kube_scheduler: str | None = None
+    kwok: str | None = None
 
 
 def _cache_dir() -> Path:
@@ -168,14 +197,19 @@ def _run_build_script() -> Path:
     return Path(lines[-1]) if lines else _cache_dir()
 
 
-def find_binaries(*, build: bool = True, need_controller_manager: bool = True) -> Binaries:
-    """Locate etcd, kube-apiserver, kube-controller-manager and kubectl.
+def find_binaries(*, build: bool = True, need_controller_manager: bool = True,
+                  need_pods: bool = False) -> Binaries:
+    """Locate etcd, kube-apiserver, kube-controller-manager, kubectl, and with
+    `need_pods` kube-scheduler and kwok.
 
     Raises ControlPlaneError, naming what is missing and how to get it, when
     they cannot be found and `build` is false or the build fails.
     """
     cache = _cache_dir()
     cached = cache if (cache / ".complete").exists() else None
+    if cached and need_pods and not (_executable(cache, "kube-scheduler")
+                                     and _executable(cache, "kwok")):
+        cached = None       # a cache from before they joined: the build adds just them
 
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets:
@@ -195,7 +229,17 @@ def find_binaries(*, build: bool = True, need_controller_manager: bool = True) -
                 f"KUBEBUILDER_ASSETS={assets} has no kube-controller-manager (envtest ships "
                 f"none) and {cache} is not built: run make testbin")
         kubectl = _executable(adir, "kubectl") or (cached and _executable(cached, "kubectl"))
-        return Binaries(etcd, apiserver, kcm, kubectl or None, f"KUBEBUILDER_ASSETS={assets}")
+        scheduler, kwok = (_executable(adir, name) or (cached and _executable(cached, name))
+                           for name in ("kube-scheduler", "kwok"))
+        if need_pods and not (scheduler and kwok):
+            if not build:
+                raise ControlPlaneError(
+                    f"KUBEBUILDER_ASSETS={assets} has no kube-scheduler or kwok (envtest "
+                    f"ships neither) and {cache} is not built: run make testbin")
+            built = _run_build_script()
+            scheduler, kwok = _executable(built, "kube-scheduler"), _executable(built, "kwok")
+        return Binaries(etcd, apiserver, kcm, kubectl or None, f"KUBEBUILDER_ASSETS={assets}",
+                        scheduler or None, kwok or None)
 
     if cached is None:
         if not build:
@@ -204,9 +248,12 @@ def find_binaries(*, build: bool = True, need_controller_manager: bool = True) -
         cached = _run_build_script()
     etcd, apiserver = _executable(cached, "etcd"), _executable(cached, "kube-apiserver")
     kcm = _executable(cached, "kube-controller-manager")
-    if not (etcd and apiserver) or (need_controller_manager and not kcm):
+    scheduler, kwok = _executable(cached, "kube-scheduler"), _executable(cached, "kwok")
+    if not (etcd and apiserver) or (need_controller_manager and not kcm) or \
+            (need_pods and not (scheduler and kwok)):
         raise ControlPlaneError(f"{cached} is incomplete: delete it and run make testbin")
-    return Binaries(etcd, apiserver, kcm, _executable(cached, "kubectl"), f"cache {cached}")
+    return Binaries(etcd, apiserver, kcm, _executable(cached, "kubectl"), f"cache {cached}",
+                    scheduler, kwok)
 
 
 # --------------------------------------------------------------------------- PKI
@@ -268,6 +315,10 @@ def make_pki(directory: Path) -> dict[str, Path]:
     # one identity, which then needs every controller's permissions: masters.
     issue("kcm-client", "/O=system:masters/CN=system:kube-controller-manager", client_ext)
     issue("front-proxy-client", "/CN=front-proxy-client", client_ext, ca="front-proxy-ca")
+    # The scheduler and kwok (the fake Nodes' kubelet) as masters too: a throw-away
+    # cluster, where their exact RBAC would only be noise.
+    issue("scheduler-client", "/O=system:masters/CN=system:kube-scheduler", client_ext)
+    issue("kwok-client", "/O=system:masters/CN=kwok-controller", client_ext)
     _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
              "-out", "sa.key", cwd=d)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
@@ -540,11 +591,16 @@ class ControlPlane:
     def __init__(self, state_dir: str | os.PathLike | None = None, *,
                  binaries: Binaries | None = None, controller_manager: bool = True,
                  build: bool = True, tie_to_parent: bool = True,
-                 apiserver_args: Sequence[str] = (), controller_manager_args: Sequence[str] = ()):
+                 apiserver_args: Sequence[str] = (), controller_manager_args: Sequence[str] = (),
+                 pods: bool = True, nodes: int = DEFAULT_NODES):
         self._own_temp_dir = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="my-controller-cp-"))
         self._binaries = binaries
         self._with_kcm = controller_manager
+        # Pods need the controller-manager's node-lifecycle controller (see
+        # POD_KCM_CONTROLLERS), so without it there are none.
+        self._with_pods = bool(pods and controller_manager)
+        self.node_names = [f"kwok-node-{i}" for i in range(nodes)] if self._with_pods else []
         self._build = build
         # False only for an "attached" plane (see attach()), whose processes
         # belong to a supervisor in another process.
@@ -587,7 +643,8 @@ class ControlPlane:
     def binaries(self) -> Binaries:
         if self._binaries is None:
             self._binaries = find_binaries(build=self._build,
-                                           need_controller_manager=self._with_kcm)
+                                           need_controller_manager=self._with_kcm,
+                                           need_pods=self._with_pods)
         return self._binaries
 
     def log_path(self, name: str) -> Path:
@@ -644,6 +701,9 @@ class ControlPlane:
                 if self._with_kcm and binaries.kube_controller_manager:
                     self._start_kcm()
                     self.timings["controller_manager_ready_seconds"] = time.monotonic() - t0
+                if self._with_pods:
+                    self._start_pod_runtime()
+                    self.timings["nodes_ready_seconds"] = time.monotonic() - t0
                 self.timings["total_seconds"] = time.monotonic() - t0
             except BaseException:
                 self.failed = True
@@ -676,7 +736,7 @@ class ControlPlane:
                 # Keep logs and state.json for a look; drop data and keys.
                 shutil.rmtree(self.state_dir / "etcd-data", ignore_errors=True)
                 shutil.rmtree(self.pki_dir, ignore_errors=True)
-                for kubeconfig in (self.admin_kubeconfig, self.state_dir / "kcm.kubeconfig"):
+                for kubeconfig in (self.admin_kubeconfig, *self._component_kubeconfigs()):
                     kubeconfig.unlink(missing_ok=True)
                 if was_started or self.failed:
                     self._write_state("failed" if self.failed else "stopped")
@@ -756,21 +816,11 @@ class ControlPlane:
         The token comes from the TokenRequest API (a bound, expiring token, as a
         Pod would get), asked for with the admin certificate.
         """
-        body = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                           "spec": {"expirationSeconds": int(expiration_seconds)}}).encode()
-        conn = http.client.HTTPSConnection("127.0.0.1", self.apiserver_port,
-                                           context=self.admin_ssl_context(), timeout=30)
-        try:
-            conn.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-                         body=body, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            payload = resp.read()
-        finally:
-            conn.close()
-        if resp.status != 201:
-            raise ControlPlaneError(f"TokenRequest for serviceaccount {namespace}/{name} failed: "
-                                    f"{resp.status} {payload[:300].decode(errors='replace')}")
-        token = json.loads(payload)["status"]["token"]
+        answer = self.api_request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": int(expiration_seconds)}}, ok=(201,))
+        token = answer["status"]["token"]
         path = Path(path)
         _write_private(path, _kubeconfig(self.server, self.pki_dir / "ca.crt",
                                          f"system:serviceaccount:{namespace}:{name}",
@@ -912,10 +962,15 @@ class ControlPlane:
             self.server, pki / "ca.crt", "admin",
             {"client-certificate-data": _b64(pki / "admin.crt"),
              "client-key-data": _b64(pki / "admin.key")}))
-        _write_private(self.state_dir / "kcm.kubeconfig", _kubeconfig(
-            self.server, pki / "ca.crt", "system:kube-controller-manager",
-            {"client-certificate-data": _b64(pki / "kcm-client.crt"),
-             "client-key-data": _b64(pki / "kcm-client.key")}))
+        for path, user, cert in zip(self._component_kubeconfigs(), COMPONENT_USERS,
+                                    ("kcm-client", "scheduler-client", "kwok-client")):
+            _write_private(path, _kubeconfig(
+                self.server, pki / "ca.crt", user,
+                {"client-certificate-data": _b64(pki / f"{cert}.crt"),
+                 "client-key-data": _b64(pki / f"{cert}.key")}))
+
+    def _component_kubeconfigs(self) -> tuple[Path, Path, Path]:
+        return tuple(self.state_dir / f"{name}.kubeconfig" for name in ("kcm", "scheduler", "kwok"))
 
     def _start_kcm(self) -> None:
         pki = self.pki_dir
@@ -933,7 +988,7 @@ class ControlPlane:
                 f"--secure-port={self.kcm_port}",
                 f"--tls-cert-file={pki / 'kcm-serving.crt'}",
                 f"--tls-private-key-file={pki / 'kcm-serving.key'}",
-                f"--controllers={','.join(KCM_CONTROLLERS)}",
+                f"--controllers={','.join(self._kcm_controllers())}",
                 "--use-service-account-credentials=false",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
@@ -947,6 +1002,91 @@ class ControlPlane:
                        KCM_READY_TIMEOUT_SECONDS)
         self._with_port_retries("kube-controller-manager", attempt)
 
+    def _kcm_controllers(self) -> tuple[str, ...]:
+        return KCM_CONTROLLERS + (POD_KCM_CONTROLLERS if self._with_pods else ())
+
+    def _start_pod_runtime(self) -> None:
+        """kube-scheduler, kwok, and the fake Nodes, Ready and schedulable.
+
+        The scheduler serves nothing (--secure-port=0): whether it works shows in
+        the Pods. A Node is usable once the node-lifecycle controller has lifted
+        the apiserver's not-ready taint, which it does when kwok reports it Ready.
+        """
+        self._spawn("kube-scheduler", [
+            self.binaries.kube_scheduler,
+            f"--kubeconfig={self.state_dir / 'scheduler.kubeconfig'}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--profiling=false",
+            "--v=1",
+        ])
+        self._spawn("kwok", [
+            self.binaries.kwok,
+            f"--kubeconfig={self.state_dir / 'kwok.kubeconfig'}",
+            *(f"--config={path}" for path in KWOK_CONFIGS),
+            f"--manage-nodes-with-label-selector={'='.join(FAKE_NODE_LABEL)}",
+        ])
+        for name in self.node_names:
+            self.add_node(name)
+        self._wait("kwok", lambda: self._nodes_schedulable(self.node_names),
+                   NODES_READY_TIMEOUT_SECONDS)
+        for name in ("kube-scheduler", "kwok"):
+            proc = self._procs.get(name)
+            if proc is None or proc.poll() is not None:
+                raise ControlPlaneError(f"{name} exited while starting; last lines of "
+                                        f"{self.log_path(name)}:\n{_tail(self.log_path(name))}")
+
+    def add_node(self, name: str) -> None:
+        """Create a fake Node that kwok keeps alive (no taint: any Pod may land on it).
+
+        Its capacity is what kwok reports for a Node that states none (1000 CPUs,
+        1 TiB, a million Pods), so only a Pod asking for more is Unschedulable.
+        """
+        key, value = FAKE_NODE_LABEL
+        self.api_request("POST", "/api/v1/nodes", {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name,
+                         "labels": {key: value, "kubernetes.io/hostname": name,
+                                    "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"},
+                         "annotations": {"kwok.x-k8s.io/node": "fake",
+                                         "node.alpha.kubernetes.io/ttl": "0"}},
+        }, ok=(201, 409))
+
+    def _nodes_schedulable(self, names: Sequence[str]) -> bool:
+        try:
+            nodes = {n["metadata"]["name"]: n for n in
+                     self.api_request("GET", "/api/v1/nodes")["items"]}
+        except ControlPlaneError:
+            return False
+        for name in names:
+            node = nodes.get(name)
+            if node is None or (node.get("spec") or {}).get("taints"):
+                return False
+            ready = [c for c in (node.get("status") or {}).get("conditions") or []
+                     if c.get("type") == "Ready"]
+            if not ready or ready[0].get("status") != "True":
+                return False
+        return True
+
+    def api_request(self, method: str, path: str, body: dict | None = None, *,
+                    ok: Sequence[int] = (200, 201)) -> dict:
+        """One request as the admin; the decoded answer. ControlPlaneError otherwise."""
+        conn = http.client.HTTPSConnection("127.0.0.1", self.apiserver_port,
+                                           context=self.admin_ssl_context(), timeout=30)
+        try:
+            conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            payload = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise ControlPlaneError(f"{method} {path}: {exc}") from exc
+        finally:
+            conn.close()
+        if resp.status not in ok:
+            raise ControlPlaneError(f"{method} {path}: {resp.status} "
+                                    f"{payload[:300].decode(errors='replace')}")
+        return json.loads(payload) if payload else {}
+
     # --- state file (read by attach(), the CLI and the supervisor's callers)
 
     def _state(self, status: str) -> dict:
@@ -959,6 +1099,7 @@ class ControlPlane:
             "state_dir": str(self.state_dir),
             "ports": {"etcd": self.etcd_port, "kube-apiserver": self.apiserver_port,
                       "kube-controller-manager": self.kcm_port},
+            "nodes": self.node_names,
             # Every process ever started is listed; pid is None while it is down.
             "processes": {name: {"pid": self._live_pid(name),
                                  "executable": argv[0],
@@ -1000,6 +1141,8 @@ class ControlPlane:
         plane.etcd_port = state["ports"]["etcd"]
         plane.apiserver_port = state["ports"]["kube-apiserver"]
         plane.kcm_port = state["ports"]["kube-controller-manager"]
+        plane.node_names = state.get("nodes") or []
+        plane._with_pods = bool(plane.node_names)
         plane.timings = state.get("timings", {})
         plane.started = True
         if not _probe(plane.apiserver_port, "/readyz", plane.admin_ssl_context()):
@@ -1091,7 +1234,7 @@ def _cmd_up(state_dir: Path, run_argv: list[str] | None = None) -> int:
     # Build (or find) the binaries here, in the foreground, so the progress is
     # visible; the detached supervisor then starts in seconds.
     try:
-        find_binaries()
+        find_binaries(need_pods=True)
     except ControlPlaneError as exc:
         _log(str(exc))
         return 2
@@ -1141,7 +1284,8 @@ def _cmd_down(state_dir: Path) -> int:
     # A supervisor that was SIGKILLed could not clean up after itself.
     for leftover in ("etcd-data", "pki"):
         shutil.rmtree(state_dir / leftover, ignore_errors=True)
-    for kubeconfig in ("admin.kubeconfig", "kcm.kubeconfig"):
+    for kubeconfig in ("admin.kubeconfig", "kcm.kubeconfig", "scheduler.kubeconfig",
+                       "kwok.kubeconfig"):
         (state_dir / kubeconfig).unlink(missing_ok=True)
     state.update(status="stopped", processes={})
     (state_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
