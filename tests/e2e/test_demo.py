@@ -24,7 +24,10 @@ def test_the_demo_converges_the_sample_on_its_own_control_plane_and_tears_it_dow
     assert proc.returncode == 0, out[-3000:]
     assert "starting a local control plane" in out
     assert "foobar" in out and "observedGeneration: 1" in out
-    assert "reason: Progressing" in out          # no kubelet: the pod never becomes ready
+    # Its Pod runs on a fake Node: the sample is Available, its password from the Secret.
+    assert "reason: Available" in out and "1/1 replicas ready" in out, out[-3000:]
+    assert "Running" in out and "kwok-node-" in out, out[-3000:]
+    assert "creating the Secret foobar-db" in out
     assert "/metrics" in out and "/readyz" in out
     assert "stopped exit_code=0" in out          # the operator shut down gracefully
     assert "tearing down the control plane" in out

@@ -2,8 +2,10 @@
 
 Without a configured cluster it starts the local control plane (building it the
 first time, with progress), installs the CRD, namespace and RBAC from
-manifests/, runs the operator in the foreground, creates the sample `foobar`,
-shows `kubectl get my,deploy,svc` and its status, and prints the metrics and
+manifests/, runs the operator in the foreground, creates the Secret foobar-db
+(a random password) and the sample `foobar` that reads it, waits until foobar is
+Ready (its Pod runs on one of the local plane's fake Nodes), shows
+`kubectl get my,deploy,svc,pods` and its status, and prints the metrics and
 probe URLs. Ctrl-C stops the operator (gracefully) and tears everything down.
 
 With `--kubeconfig PATH` or `$KUBECONFIG` set, it uses that cluster instead,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,12 +29,16 @@ from pathlib import Path
 
 import yaml
 
-from k8s_http import CRDS, ApiClient, ApiError, ConfigError, Resource, load_config
+from k8s_http import (CRDS, SECRETS, AlreadyExistsError, ApiClient, ApiError, ConfigError,
+                      Resource, load_config)
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 MY = Resource("mine.jp", "v1", "my", namespaced=True, kind="My")
+# Pods start in seconds on the local plane's fake Nodes; a real cluster pulls
+# postgres:16 first.
+READY_TIMEOUT_SECONDS = 300
 
 
 def say(text: str) -> None:
@@ -68,6 +75,17 @@ def apply_file(client: ApiClient, path: Path, namespace: str | None = None) -> N
                      namespace=doc["metadata"].get("namespace"))
 
 
+def create_password_secret(client: ApiClient, namespace: str) -> None:
+    """The Secret the sample reads its password from, unless it exists (a cluster's own)."""
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+              "metadata": {"name": "foobar-db", "namespace": namespace},
+              "stringData": {"password": secrets.token_hex(16)}}
+    try:
+        client.create(SECRETS, secret, namespace=namespace)
+    except AlreadyExistsError:
+        pass
+
+
 def kubectl(kubectl_path: str | None, kubeconfig: str, *args: str) -> None:
     if not kubectl_path:
         return
@@ -91,7 +109,9 @@ def run_demo(kubeconfig: str, namespace: str, kubectl_path: str | None, once: bo
          "--health-probe-bind-address", f"127.0.0.1:{probe_port}",
          "--log-format", "text"], cwd=REPO)
     try:
-        say(f"creating the sample My foobar in namespace {namespace}")
+        say(f"creating the Secret foobar-db (a random password) in namespace {namespace}")
+        create_password_secret(client, namespace)
+        say(f"creating the sample My foobar in namespace {namespace}: its password from the Secret")
         apply_file(client, MANIFESTS / "samples" / "my-foobar.yaml", namespace=namespace)
 
         def ready():
@@ -100,11 +120,13 @@ def run_demo(kubeconfig: str, namespace: str, kubectl_path: str | None, once: bo
             except ApiError:
                 return None
             conds = (my.get("status") or {}).get("conditions") or []
-            return my if any(c.get("type") == "Ready" for c in conds) else None
+            return my if any(c.get("type") == "Ready" and c.get("status") == "True"
+                             for c in conds) else None
 
-        my = wait_for(ready, 60, "foobar's Ready condition")
-        say("kubectl get my,deploy,svc")
-        kubectl(kubectl_path, kubeconfig, "get", "my,deploy,svc", "-n", namespace, "-o", "wide")
+        my = wait_for(ready, READY_TIMEOUT_SECONDS, "foobar to be Ready")
+        say("kubectl get my,deploy,svc,pods")
+        kubectl(kubectl_path, kubeconfig, "get", "my,deploy,svc,pods", "-n", namespace,
+                "-o", "wide")
         say("foobar's status")
         print(yaml.safe_dump(my.get("status"), sort_keys=False), flush=True)
         say(f"metrics: http://127.0.0.1:{metrics_port}/metrics")
@@ -144,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(args.kubeconfig, args.namespace, kubectl_path, args.once)
 
         from tests.support.controlplane import ControlPlane
-        say("starting a local control plane (etcd, kube-apiserver, kube-controller-manager)")
+        say("starting a local control plane (etcd, kube-apiserver, kube-controller-manager, "
+            "kube-scheduler, kwok with 3 fake Nodes)")
         plane = ControlPlane()
         try:
             plane.start()
