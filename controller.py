@@ -56,6 +56,7 @@ from k8s_http import (
     Resource,
     Result,
     Store,
+    TerminalError,
     config_hash,
     current_work,
     queued_seconds,
@@ -811,6 +812,19 @@ def _ready_summary(status: dict | None) -> tuple | None:
 # 6. The reconcile (Events go through k8s_http's EventRecorder)
 
 
+def _unfixable(my: dict, reason: str, message: str) -> TerminalError:
+    """The error a reconcile ends with when the My is Ready=False for a cause the
+    operator cannot fix itself (InvalidSpec, Conflict): counted where
+    controller-runtime users look (result="error", reconcile_errors_total), never
+    retried (a change to the My or the deletion watch brings the key back), and
+    logged at error level once, when the cause appears: quiet when the My's status
+    (as this reconcile read it) already said the same."""
+    cond = get_condition(my, CONDITION_READY) or {}
+    seen = cond.get("status") == "False" and cond.get("reason") == reason and \
+        cond.get("message") == message
+    return TerminalError(f"{reason}: {message}", quiet=seen)
+
+
 class _Blocked(NamedTuple):
     """A child we may not write (a name taken by someone else): stop the reconcile."""
     result: Result | None
@@ -924,9 +938,10 @@ class MyReconciler:
             # Children are left as they are; no retry until the generation changes
             # (the My's update event brings us back). The same generation gives the
             # same status, so a repeat writes nothing.
+            message = "; ".join(problems)
             self._write_status(key, my, self._our_cached_deployment(key, my),
-                               condition=(INVALID_SPEC, "; ".join(problems)))
-            return None
+                               condition=(INVALID_SPEC, message))
+            raise _unfixable(my, INVALID_SPEC, message)
 
         # Children our cache shows under another controller (labelled, but owned by
         # another My) stop the reconcile before anything is written.
@@ -1136,7 +1151,7 @@ class MyReconciler:
             cond = get_condition(my, CONDITION_READY) or {}
             if cond.get("reason") == CONFLICT:
                 self._write_status(key, my, None, condition=(CONFLICT, cond.get("message", "")))
-                return _Blocked(None)
+                raise _unfixable(my, CONFLICT, cond.get("message", ""))
         if live is None:
             try:
                 applied = self._apply(resource, desired, key, create_only=True)
@@ -1237,7 +1252,7 @@ class MyReconciler:
         self._write_status(key, my, None, condition=(CONFLICT, message))
         # Its deletion is invisible to our label-selected watches: watch its name.
         if self._watch_for_deletion(resource, key, key):
-            return None
+            raise _unfixable(my, CONFLICT, message)
         return Result(requeue_after_seconds=CONFLICT_RECHECK_SECONDS)
 
     def _our_cached_deployment(self, key: ObjectKey, my: dict) -> dict | None:

@@ -9,11 +9,13 @@ The whole user contract: a reconcile function gets a key and returns a
 | Result(requeue_after_seconds=x>0)  | forget, add_after(x, priority)| requeue_after           |
 | Result(requeue=True)               | add_rate_limited              | requeue                 |
 | raises TerminalError               | forget (no retry)             | error                   |
+| raises TerminalError(quiet=True)   | forget (no retry), debug log  | error                   |
 | raises anything else               | add_rate_limited (backoff)    | error                   |
 
 Errors also count in reconcile_errors_total (terminal ones in
 terminal_reconcile_errors_total as well, as controller-runtime does). Every
-error is logged with its traceback and the key; the worker thread survives it.
+error is logged with its traceback and the key (a quiet TerminalError, one the
+reconcile has already reported, at debug level only); the worker thread survives it.
 
 What is a panic. Go separates `return err` (an error the reconcile reports)
 from a panic (the runtime catching a bug: nil dereference, index out of range,
@@ -100,7 +102,16 @@ class TerminalError(Exception):
     """Retrying cannot help (say, a spec the controller cannot use): counted, logged, not retried.
 
     Wrap the cause: ``raise TerminalError("spec.port out of range") from err``.
+
+    `quiet=True`: a failure the reconcile has already reported (the same cause as
+    last time): still counted as an error, as controller-runtime counts every
+    reconcile that returns one, but logged at debug level, so a failure that
+    persists is one error line when it appears, not one per reconcile.
     """
+
+    def __init__(self, *args: object, quiet: bool = False):
+        super().__init__(*args)
+        self.quiet = quiet
 
 
 # The exceptions Python raises where Go's runtime would panic (see the module
@@ -331,8 +342,9 @@ class Runner:
             # controller-runtime's message and keys: the reconcile context
             # (controller, namespace, name, reconcileID) is on the line, the
             # exception is in `error` and `stacktrace`.
-            logger.error("Reconciler error", exc_info=err,
-                         extra={"retry": False, "reconcileID": reconcile_id})
+            (logger.debug if err.quiet else logger.error)(
+                "Reconciler error", exc_info=err,
+                extra={"retry": False, "reconcileID": reconcile_id})
             return
         if is_panic(err):
             self._m_panics.inc()

@@ -25,7 +25,7 @@ from controller import (
 from k8s_http import (
     EventRecorder,
     DEPLOYMENTS, EVENTS, PODS, SERVICES, DroppedFieldRead, InvalidError, ObjectKey,
-    Projection, Result,
+    Projection, Result, TerminalError,
     parse_duration, set_condition,
 )
 from tests.support.clock import FakeClock
@@ -519,6 +519,15 @@ def observe_rollout(mgr, replicas=None, key=KEY):
     mgr.client.reset()
 
 
+def unfixable(reconciler, key=KEY, *, quiet):
+    """The reconcile ends in a TerminalError: Ready=False for a cause the operator
+    cannot fix (counted as an error, never retried), logged only when it is new."""
+    with pytest.raises(TerminalError) as raised:
+        reconciler(key)
+    assert raised.value.quiet is quiet, raised.value
+    return raised.value
+
+
 def settled_but_pods(result):
     """Nothing left to do but read the Pods of a My that is still unready, later
     (observe_rollout makes none ready): a plain requeue, without priority, no later
@@ -927,7 +936,7 @@ def test_an_answer_for_an_older_generation_is_not_reported_as_current(mgr, recon
 def test_failures_are_reported_without_holding(mgr, reconciler):
     mgr.client.obj(MY)["spec"]["replicas"] = 1000
     mgr.sync()
-    assert reconciler(KEY) is None
+    assert str(unfixable(reconciler, quiet=False)).startswith("InvalidSpec: spec.replicas")
     assert mgr.client.obj(MY)["status"]["conditions"][0]["reason"] == "InvalidSpec"
 
 
@@ -1000,24 +1009,25 @@ def test_invalid_spec_writes_status_once_and_leaves_children_alone(mgr, reconcil
     my["metadata"]["resourceVersion"] = "6000"
     mgr.sync()
     mgr.client.reset()
-    assert reconciler(KEY) is None
+    unfixable(reconciler, quiet=False)
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert reasons(mgr) == [("Warning", "InvalidSpec")]
     cond = mgr.client.obj(MY)["status"]["conditions"][0]
     assert (cond["status"], cond["reason"]) == ("False", "InvalidSpec")
     assert "spec.port" in cond["message"]
-    # the same generation again (a resync, a child event): nothing at all
+    # the same generation again (a resync, a child event): nothing at all, and the
+    # error it still is goes unlogged
     mgr.sync()
     mgr.client.reset()
     for _ in range(3):
-        assert reconciler(KEY) is None
+        unfixable(reconciler, quiet=True)
     assert mgr.client.calls == []
 
 
 def test_invalid_spec_from_the_start_creates_nothing(mgr, reconciler):
     mgr.client.put(MY, make_my({"image": "a", "replicas": 1000}))
     mgr.sync()
-    reconciler(KEY)
+    unfixable(reconciler, quiet=False)
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
     assert mgr.client.obj(DEPLOYMENTS) is None
 
@@ -1039,9 +1049,9 @@ def _foreign_deployment(mgr, *, labelled):
 def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
     _foreign_deployment(mgr, labelled=labelled)
     before = copy.deepcopy(mgr.client.obj(DEPLOYMENTS))
-    result = reconciler(KEY)
-    # no error (no hot retry), no re-check: its name is watched until it is deleted
-    assert result is None
+    # an error where dashboards look, but terminal (no hot retry), no re-check: its
+    # name is watched until it is deleted
+    assert str(unfixable(reconciler, quiet=False)).startswith("Conflict: Deployment foobar")
     assert mgr.deletion_watches == {("deployments", KEY): KEY}
     assert [c for c in mgr.client.calls if c[0] in ("apply", "apply-create")] == []
     assert mgr.client.writes() == [("patch_status", "my", "foobar")]
@@ -1053,7 +1063,7 @@ def test_conflict_touches_nothing_and_does_not_loop(mgr, reconciler, labelled):
     assert "Deployment foobar" in cond["message"]
     mgr.sync()
     mgr.client.reset()
-    reconciler(KEY)
+    unfixable(reconciler, quiet=True)
     assert mgr.client.writes() == [] and mgr.client.events == []
     # the foreign object goes away (its deletion watch reports it, and ends): we
     # take over the name
@@ -1076,8 +1086,8 @@ def test_a_foreign_service_is_found_by_the_refused_create(mgr, reconciler):
                "spec": {"ports": [{"port": 80}]}}
     mgr.client.put(SERVICES, foreign)
     before = copy.deepcopy(mgr.client.obj(SERVICES))
-    result = reconciler(KEY)
-    assert result is None and mgr.deletion_watches == {("services", KEY): KEY}
+    unfixable(reconciler, quiet=False)
+    assert mgr.deletion_watches == {("services", KEY): KEY}
     assert mgr.client.obj(SERVICES) == before
     assert [c for c in mgr.client.calls if c[0] != "create"] == [
         ("apply-create", "deployments", "foobar"), ("apply-refused", "services", "foobar"),
@@ -1094,16 +1104,16 @@ def test_a_name_known_taken_gets_no_more_refused_writes_until_its_squatter_is_go
     mgr.client.put(SERVICES, {"apiVersion": "v1", "kind": "Service",
                               "metadata": {"name": "foobar", "namespace": "default",
                                            "uid": "foreign"}, "spec": {"ports": [{"port": 80}]}})
-    reconciler(KEY)
+    unfixable(reconciler, quiet=False)
     assert mgr.deletion_watches == {("services", KEY): KEY}
     for replicas in (0, 1):
         observe_rollout(mgr, replicas=replicas)
-        reconciler(KEY)
+        unfixable(reconciler, quiet=True)
         assert [c for c in mgr.client.calls if c[1] == "services"] == []
         assert mgr.client.writes() == []
     # A new generation is still acknowledged (observedGeneration), without a create.
     change_spec(mgr, replicas=1)
-    reconciler(KEY)
+    unfixable(reconciler, quiet=True)
     assert [c for c in mgr.client.calls if c[1] == "services"] == []
     status = mgr.client.obj(MY)["status"]
     assert status["observedGeneration"] == 2 and status["conditions"][0]["reason"] == "Conflict"
@@ -1147,7 +1157,7 @@ def test_a_conflict_that_cannot_be_watched_is_looked_at_again_later(mgr, reconci
 
 def test_a_deleted_my_drops_its_deletion_watches(mgr, reconciler):
     _foreign_deployment(mgr, labelled=False)
-    reconciler(KEY)
+    unfixable(reconciler, quiet=False)
     mgr.forget(MY)
     reconciler(KEY)
     assert mgr.deletion_watches == {}

@@ -237,6 +237,25 @@ def test_terminal_error_is_counted_and_not_retried(h, caplog):
     assert reconcile.count("a") == 1
 
 
+def test_a_quiet_terminal_error_is_counted_alike_but_logged_at_debug_only(h, caplog):
+    def behaviour(key, attempt):
+        raise TerminalError("Conflict: Service a is not ours", quiet=True)
+
+    reconcile = Reconciler(behaviour)
+    runner = h.make(reconcile)
+    runner.queue.add("a")
+    with caplog.at_level(logging.DEBUG, logger="k8s_http.runner"):
+        runner.start()
+        reconcile.wait_for("a")
+        idle(runner)
+    assert h.value("controller_runtime_terminal_reconcile_errors_total") == 1
+    assert h.value("controller_runtime_reconcile_errors_total") == 1
+    assert h.total("error") == 1
+    assert runner.queue.num_requeues("a") == 0
+    records = [r for r in caplog.records if "Reconciler error" in r.getMessage()]
+    assert [r.levelno for r in records] == [logging.DEBUG]
+
+
 class _OwnError(Exception):
     pass
 
