@@ -83,10 +83,11 @@ def _parse_kubeconfig(path: str) -> dict:
                           fix) from None
     except RecursionError:
         raise ConfigError(where, "not valid YAML (nested too deeply)", fix) from None
-    except ValueError:
+    except (ValueError, AttributeError):
         # A scalar typed as a date or an int that Python cannot build (2001-13-01, an
-        # int over the digit limit, `!!int x`): PyYAML lets the ValueError through. Its
-        # text quotes the value, which may be a token: not shown.
+        # int over the digit limit, `!!int x`, `!!timestamp x`): PyYAML's constructors
+        # let a ValueError or AttributeError through. Its text may quote the value, which
+        # may be a token: not shown.
         raise ConfigError(where, "not valid YAML (a value is not a valid date or number)",
                           fix) from None
     if doc is None:

@@ -17,6 +17,9 @@ UNCONSTRUCTIBLE_VALUES = [
     b"n: " + b"1" * 5000 + b"\n",               # over Python's int-from-text digit limit
     b"n: !!int not-a-number\n",                 # an explicit tag on a value that is not one
     b"x: !!float 1e\n",
+    # The fuzzer's second: a timestamp tag on text no date pattern matches, where
+    # PyYAML's constructor calls .groupdict() on None (AttributeError).
+    b"clusters:\n- name: c\n  cluster:\n  !!timestamp  server: https://not-a-date\n",
 ]
 
 
