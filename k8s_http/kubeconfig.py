@@ -83,12 +83,12 @@ def _parse_kubeconfig(path: str) -> dict:
                           fix) from None
     except RecursionError:
         raise ConfigError(where, "not valid YAML (nested too deeply)", fix) from None
-    except (ValueError, AttributeError):
-        # A scalar typed as a date or an int that Python cannot build (2001-13-01, an
-        # int over the digit limit, `!!int x`, `!!timestamp x`): PyYAML's constructors
-        # let a ValueError or AttributeError through. Its text may quote the value, which
-        # may be a token: not shown.
-        raise ConfigError(where, "not valid YAML (a value is not a valid date or number)",
+    except (ValueError, AttributeError, LookupError):
+        # A scalar typed as a date, number or bool that Python cannot build (2001-13-01,
+        # an int over the digit limit, `!!int x`, `!!timestamp x`, `!!bool x`): PyYAML's
+        # constructors let a ValueError, AttributeError, KeyError or IndexError through.
+        # Its text may quote the value, which may be a token: not shown.
+        raise ConfigError(where, "not valid YAML (a value does not fit its type)",
                           fix) from None
     if doc is None:
         return {}   # an empty file is an empty config, as for kubectl

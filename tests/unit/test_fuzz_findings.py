@@ -20,6 +20,9 @@ UNCONSTRUCTIBLE_VALUES = [
     # The fuzzer's second: a timestamp tag on text no date pattern matches, where
     # PyYAML's constructor calls .groupdict() on None (AttributeError).
     b"clusters:\n- name: c\n  cluster:\n  !!timestamp  server: https://not-a-date\n",
+    # Found reading PyYAML's other constructors after that: a KeyError and an IndexError.
+    b"insecure-skip-tls-verify: !!bool maybe\n",
+    b"n: !!int ''\n",
 ]
 
 
@@ -34,3 +37,4 @@ def test_kubeconfig_with_a_value_yaml_cannot_build_is_a_config_error(tmp_path, t
     assert "\n" not in message
     # The value may be a secret: the message never quotes it.
     assert "not-a-number" not in message and "2001" not in message
+
