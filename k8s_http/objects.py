@@ -183,6 +183,10 @@ def get_condition(obj: dict, type_: str) -> dict | None:
     return None
 
 
+# metav1.Condition's maxLength for message (the CRD's conditions schema declares it).
+_MAX_CONDITION_MESSAGE = 32768
+
+
 def set_condition(conditions: list | None, new: dict, *, now: str | None = None) -> list:
     """Return a new conditions list with `new` merged in by type.
 
@@ -191,6 +195,10 @@ def set_condition(conditions: list | None, new: dict, *, now: str | None = None)
     """
     result = [copy.deepcopy(c) for c in conditions or [] if isinstance(c, dict)]
     cond = dict(new)
+    message = cond.get("message")
+    if isinstance(message, str) and len(message) > _MAX_CONDITION_MESSAGE:
+        # The Condition schema's bound: a longer one would fail the whole status write.
+        cond["message"] = message[:_MAX_CONDITION_MESSAGE - 1] + "\u2026"
     for i, old in enumerate(result):
         if old.get("type") == cond["type"]:
             if old.get("status") == cond.get("status") and old.get("lastTransitionTime"):

@@ -352,6 +352,58 @@ def test_crd_schema_is_structural():
     _structural(VERSION["schema"]["openAPIV3Schema"])
 
 
+def _undescribed(schema: dict, where: str) -> list[str]:
+    missing = [] if schema.get("description") else [where]
+    for name, sub in (schema.get("properties") or {}).items():
+        missing += _undescribed(sub, f"{where}.{name}")
+    if isinstance(schema.get("items"), dict):
+        missing += _undescribed(schema["items"], f"{where}[]")
+    return missing
+
+
+def test_crd_describes_spec_status_and_every_status_field():
+    """What `kubectl explain my.status` shows: nothing left blank."""
+    props = VERSION["schema"]["openAPIV3Schema"]["properties"]
+    assert SPEC_SCHEMA.get("description")
+    assert _undescribed(props["status"], "status") == []
+    assert set(props["status"]["properties"]) == {"observedGeneration", "replicas",
+                                                  "readyReplicas", "selector", "conditions"}
+
+
+def test_crd_conditions_are_the_standard_condition_schema():
+    """metav1.Condition as the Kubernetes type declares it (kubectl, kstatus and
+    dashboards parse conditions by it): five required fields with its bounds."""
+    conditions = VERSION["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"][
+        "conditions"]
+    assert conditions["type"] == "array"
+    assert (conditions["x-kubernetes-list-type"], conditions["x-kubernetes-list-map-keys"]) == (
+        "map", ["type"])
+    item = conditions["items"]
+    assert sorted(item["required"]) == ["lastTransitionTime", "message", "reason", "status",
+                                        "type"]
+    fields = item["properties"]
+    assert set(fields) == set(item["required"]) | {"observedGeneration"}
+    bounds = {name: {k: v for k, v in field.items() if k != "description"}
+              for name, field in fields.items()}
+    assert bounds == {
+        "type": {"type": "string", "maxLength": 316, "pattern":
+                 r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                 r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"},
+        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+        "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+        "lastTransitionTime": {"type": "string", "format": "date-time"},
+        "reason": {"type": "string", "minLength": 1, "maxLength": 1024,
+                   "pattern": r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"},
+        "message": {"type": "string", "maxLength": 32768},
+    }
+    # the operator's own condition type and reasons fit it
+    for reason in (controller.AVAILABLE, controller.PROGRESSING, controller.INVALID_SPEC,
+                   controller.CONFLICT, controller.APPLY_FAILED, controller.REPLICA_FAILURE,
+                   controller.PROGRESS_DEADLINE_EXCEEDED):
+        assert re.fullmatch(bounds["reason"]["pattern"], reason), reason
+    assert re.fullmatch(bounds["type"]["pattern"], controller.CONDITION_READY)
+
+
 @pytest.mark.parametrize("value", ["100m", "1", "0.5", ".5", "256Mi", "1Gi", "1e3", "+1", "2k",
                                    "-1", "1.5.5", "lots", "1Gb", "", "1e", "Mi"])
 def test_crd_quantity_pattern_agrees_with_the_controller(value):
