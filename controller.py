@@ -906,8 +906,10 @@ class MyReconciler:
             until = self._held_until.get(key)
             if until is None:
                 check = self._pod_checks.get(key)
-                if check is None or check[0] > now:
+                if check is None:
                     return None
+                if check[0] > now:      # handed out early: the promise to come back stands
+                    return Result(requeue_after_seconds=check[0] - now, priority=1)
                 # Its Pods are due to be read again (the timer _pod_cause set).
             elif until > now:
                 return Result(requeue_after_seconds=until - now, priority=1)
@@ -996,7 +998,10 @@ class MyReconciler:
             # the key back ahead of the queue, so holding costs no extra queue pass.
             return Result(requeue_after_seconds=min(wait, recheck or wait), priority=1)
         if recheck:
-            return Result(requeue_after_seconds=recheck)   # to read its Pods then
+            # To read its Pods then. With priority, as a hold: the Deployment's update
+            # saying they are ready brings the key back first, and then the timer is
+            # dropped (no reconcile for nothing when Pods start in time).
+            return Result(requeue_after_seconds=recheck, priority=1)
         return None
 
     def _pod_cause(self, key: ObjectKey, my: dict, deployment: dict | None
