@@ -4,6 +4,8 @@
     python bench/converge.py --idle-seconds 30 --no-footprint   # make bench: 13-22 min, 2 cores
     python bench/converge.py --quick             # smoke run: 20 objects, 1 run, ~3 minutes
     python bench/converge.py --runs 1 --full '' --operators ours-w4,cr-w4
+    python bench/converge.py --pods-ready        # create -> Ready=True Available, with Pods:
+                                                 # 100 one at a time, 200 at 5/s, 400 at 20/s
 
 A local etcd + kube-apiserver + kube-controller-manager is started for the
 benchmark (tests/support/controlplane.py, with an apiserver audit log to count
@@ -34,11 +36,21 @@ run at the largest size, for the operators in --full, in the first --full-runs
 runs. Each figure is the median of the runs with min and max, and each
 operator ÷ the controller-runtime peer within the same run (the headline).
 Results: bench/results/converge.json and bench/RESULTS.converge.md.
+
+--pods-ready measures instead what a user waits for on the plane with Pods
+(kube-scheduler and kwok's fake Nodes): per object, create -> My Ready=True
+Available, split into what the operator adds (create -> Deployment, and
+Deployment available -> Ready) and what the plane does, at each of --ready-loads
+(one at a time, then paced rates), with the operator's CPU, reconciles and
+requests per My and the plane's CPU per My (convergence/ready.py). Results:
+bench/results/converge_ready.json and its own section of bench/RESULTS.converge.md,
+which the burst report carries over.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -56,7 +68,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from convergence import footprint, report, scenarios  # noqa: E402
+from convergence import footprint, ready, ready_report, report, scenarios  # noqa: E402
 from convergence.cluster import KCM_API_BURST, KCM_API_QPS, BenchCluster  # noqa: E402
 from convergence.observer import Observer  # noqa: E402
 from convergence.operators import (  # noqa: E402
@@ -164,6 +176,40 @@ class Bench:
                 log(f"  {op.label}: stopped (exit {code}); namespace deleted in {seconds:.0f} s")
         return results
 
+
+    def run_ready(self, key: str, load: "ready.Load", run: int) -> dict:
+        """A fresh namespace and process: `load` creates, each until Ready=True Available."""
+        namespace = f"rd-r{run}-{key}-{load.count}-" + ("serial" if load.rate is None
+                                                         else f"{load.rate:g}ps".replace(".", "-"))
+        waited = self.cluster.wait_quiet()
+        if waited > 3.5:
+            log(f"  waited {waited:.0f} s for the control plane to be quiet")
+        quiet = ready.plane_rate(self.cluster)
+        self.cluster.create_namespace(namespace)
+        observer = Observer(self.cluster.client, namespace).start()
+        op = self.make_operator(key, namespace)
+        interrupted = True
+        try:
+            op.start(f"r{run}-{load.key}")
+            op.wait_started(120.0)
+            time.sleep(1.0)                   # let its watches open
+            log(f"  {op.label}: {load.title}, until each My is Ready=True Available")
+            figures = ready.run_load(self.cluster, observer, op, namespace, load,
+                                     self.settings, quiet)
+            interrupted = False
+            return figures
+        except Exception:
+            interrupted = False
+            raise
+        finally:
+            code = op.stop()
+            observer.stop()
+            try:                              # see run_size
+                seconds = self.cluster.delete_namespace(namespace, wait=not interrupted)
+            except TimeoutError as err:
+                log(f"  {op.label}: stopped (exit {code}); {err}")
+            else:
+                log(f"  {op.label}: stopped (exit {code}); namespace deleted in {seconds:.0f} s")
 
     def run_floor(self, size: int, run: int) -> dict:
         namespace = f"cv-floor{run}-{size}"
@@ -435,7 +481,8 @@ def write_markdown(path: Path, data: dict) -> None:
             "the CRD's structural status schema requires; its handlers post the same Events "
             "as ours with `kopf.info()` (kopf no longer posts log lines as Events by default).",
             ""]
-    path.write_text("\n".join(out))
+    kept = ready_report.kept_block(path)      # the --pods-ready section, carried over
+    path.write_text("\n".join(out) + ("\n" + kept + "\n" if kept else ""))
 
 
 def _first_runs(raw: dict, scenario: str, key: str) -> list[tuple[str, dict]]:
@@ -546,13 +593,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sizes", default="1000",
                         help="burst sizes, comma-separated; idle, latency, churn and start-up "
                              "run at the largest (default: %(default)s)")
-    parser.add_argument("--runs", type=int, default=2,
-                        help="runs per figure, the operators taking turns (default: 2)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="runs per figure, the operators taking turns (default: 2; "
+                             "--pods-ready: 1)")
     parser.add_argument("--rate", type=float, default=100.0,
                         help="My creates per second in a burst; 0: as fast as the apiserver "
                              "takes them (default: %(default)s)")
-    parser.add_argument("--operators", default="ours-w4,cr-w4,kopf",
-                        help="which of %s (default: %%(default)s)" % ", ".join(ALL_OPERATORS))
+    parser.add_argument("--operators", default=None,
+                        help="which of %s (default: ours-w4,cr-w4,kopf; --pods-ready: "
+                             "ours-w4,cr-w4)" % ", ".join(ALL_OPERATORS))
+    parser.add_argument("--pods-ready", action="store_true",
+                        help="instead of the bursts: per object, create -> My Ready=True "
+                             "Available on the plane with Pods, split into what the operator "
+                             "adds and what the plane does, at each of --ready-loads")
+    parser.add_argument("--ready-loads", default="100@serial,200@5,400@20",
+                        help="--pods-ready loads: COUNT@serial (one at a time) or COUNT@RATE "
+                             "(creates per second), comma-separated (default: %(default)s)")
     parser.add_argument("--full-runs", type=int, default=1,
                         help="runs in which the --full operators also go through idle, "
                              "latency, churn and start-up (default: %(default)s)")
@@ -584,13 +640,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "tests.support.controlplane up` in this directory instead of "
                              "starting one (requests are then counted from the apiserver's "
                              "metrics, kube-controller-manager's included)")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "converge.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results JSON (default: bench/results/converge.json; "
+                             "--pods-ready: bench/results/converge_ready.json)")
     parser.add_argument("--markdown", type=Path, default=HERE / "RESULTS.converge.md")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="only write the markdown report from an earlier results file")
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep the operators' logs (their directory is printed)")
     args = parser.parse_args(argv)
+    if args.runs is None:
+        args.runs = 1 if args.pods_ready else 2
+    if args.operators is None:
+        args.operators = "ours-w4,cr-w4" if args.pods_ready else "ours-w4,cr-w4,kopf"
+    if args.out is None:
+        args.out = HERE / "results" / ("converge_ready.json" if args.pods_ready
+                                       else "converge.json")
+    try:
+        args.ready_loads = ready.parse_loads(args.ready_loads)
+    except ValueError as err:
+        parser.error(str(err))
     if args.quick:
         args.sizes, args.runs, args.idle_seconds, args.latency_count = "20", 1, 5.0, 10
         args.sweep_runs, args.floor_runs = 1, 0
@@ -609,23 +678,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.from_json is not None:
-        write_markdown(args.markdown, json.loads(args.from_json.read_text()))
+        data = json.loads(args.from_json.read_text())
+        if "loads" in data:                   # a --pods-ready results file
+            ready_report.splice(args.markdown, ready_report.section(data))
+        else:
+            write_markdown(args.markdown, data)
         log(f"wrote {args.markdown} from {args.from_json}")
         return 0
+    if args.pods_ready:
+        return main_ready(args, argv)
     t_start = time.monotonic()
-    if "kopf" in args.operators:
-        footprint.ensure_kopf_venv()
-    work_dir = Path(tempfile.mkdtemp(prefix="my-controller-converge-"))
-    cluster = BenchCluster(work_dir, attach_dir=args.cluster_dir)
-    log("starting the control plane" if args.cluster_dir is None else
-        f"attaching to {args.cluster_dir}")
-    data: dict = {}
-    try:
-        cluster.start()
-        cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
-        bench = Bench(args, cluster, work_dir)
-        precompile(bench.python)
-        data["meta"] = metadata(args, cluster, argv)
+    with session(args, argv, "converge") as (cluster, bench, data):
         raw: dict[str, dict[str, list]] = {op: {} for op in args.operators}
         labels = {}
         largest = max(args.sizes)
@@ -664,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
                 floors.append(bench.run_floor(largest, run))
             data["floor"] = report.aggregate({"floor": {f"burst_{largest}": floors}})["floor"]
         if not args.no_profile and any(o.startswith("ours") for o in args.operators):
-            prof = work_dir / "controller.prof"
+            prof = bench.work_dir / "controller.prof"
             log(f"profile: {HEADLINE}, burst of {largest}, under cProfile")
             results = bench.run_size(HEADLINE, largest, 0, full=False, profile_to=prof)
             data["profile"] = {"label": labels.get(HEADLINE, HEADLINE) + " under cProfile",
@@ -681,12 +744,69 @@ def main(argv: list[str] | None = None) -> int:
         write_markdown(args.markdown, data)
         log(f"done in {(time.monotonic() - t_start) / 60:.1f} min: {args.out}, {args.markdown}")
         return 0
+
+
+@contextlib.contextmanager
+def session(args, argv: list[str], name: str):
+    """The control plane (with Pods, started here or attached to), the CRD, the bench and
+    the run's metadata; the plane stopped and the work dir removed at the end."""
+    if "kopf" in args.operators:
+        footprint.ensure_kopf_venv()
+    work_dir = Path(tempfile.mkdtemp(prefix=f"my-controller-{name}-"))
+    cluster = BenchCluster(work_dir, attach_dir=args.cluster_dir, pods=True)
+    log("starting the control plane" if args.cluster_dir is None else
+        f"attaching to {args.cluster_dir}")
+    try:
+        cluster.start()
+        cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
+        bench = Bench(args, cluster, work_dir)
+        precompile(bench.python)
+        yield cluster, bench, {"meta": metadata(args, cluster, argv)}
     finally:
         cluster.stop()
         if args.keep_logs:
             log(f"operator logs kept in {work_dir}")
         else:
             subprocess.run(["rm", "-rf", str(work_dir)], check=False)
+
+
+def main_ready(args, argv: list[str]) -> int:
+    """--pods-ready: each load for each operator, taking turns, run after run."""
+    t_start = time.monotonic()
+    with session(args, argv, "ready") as (cluster, bench, data):
+        data["meta"]["settings"]["ready_loads"] = [l.key for l in args.ready_loads]
+        data["meta"]["settings"]["fake_nodes"] = len(getattr(cluster.plane, "node_names", []))
+        raw: dict[str, dict[str, list]] = {op: {} for op in args.operators}
+        labels = {}
+        for run in range(1, args.runs + 1):
+            for load in args.ready_loads:
+                order = args.operators if (run + args.ready_loads.index(load)) % 2 \
+                    else args.operators[::-1]
+                for key in order:
+                    log(f"run {run}/{args.runs}: {key}, {load.title}")
+                    try:
+                        figures = bench.run_ready(key, load, run)
+                    except Exception as err:          # recorded; the other runs go on
+                        log(f"  FAILED: {err}")
+                        figures = {"error": str(err)}
+                    raw[key].setdefault(load.key, []).append(figures)
+                    labels[key] = bench.make_operator(key, "x").label
+        data["labels"] = {k: {"label": v} for k, v in labels.items()}
+        data["loads"] = [{"key": l.key, "title": l.title, "count": l.count, "rate": l.rate}
+                         for l in args.ready_loads]
+        data["raw"] = raw
+        data["operators"] = report.aggregate(raw)
+        reference = REFERENCE if REFERENCE in raw else args.operators[-1]
+        data["reference"], data["headline"] = reference, HEADLINE
+        data["ratios"] = report.ratios(raw, reference=reference)
+        if HEADLINE in raw and reference in raw and HEADLINE != reference:
+            data["goals"] = ready_report.goals(data, op=HEADLINE, reference=reference)
+        data["meta"]["wall_seconds"] = time.monotonic() - t_start
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+        ready_report.splice(args.markdown, ready_report.section(data))
+        log(f"done in {(time.monotonic() - t_start) / 60:.1f} min: {args.out}, {args.markdown}")
+        return 0
 
 
 if __name__ == "__main__":

@@ -106,6 +106,7 @@ class RequestCounts:
     reads: int = 0                                     # get, list, watch
     failed_writes: int = 0                             # answered >= 400 (e.g. 409 on create)
     by_kind: dict = field(default_factory=collections.Counter)   # "patch deployments" -> n
+    reads_by_kind: dict = field(default_factory=collections.Counter)   # "watch pods" -> n
     source: str = "audit"
     # "patch services" -> the apiserver's seconds for each such write, from its audit
     # events (received -> response complete): where a write's time goes is the
@@ -166,6 +167,7 @@ class AuditLog:
                     counts.failed_writes += 1
             else:
                 counts.reads += 1
+                counts.reads_by_kind[f"{verb} {what}"] += 1
         return counts
 
 
@@ -270,6 +272,17 @@ class BenchCluster:
             except (OSError, TypeError):
                 pass
         return total
+
+    def process_cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by each process of the plane, by name (etcd,
+        kube-apiserver, kube-controller-manager, kube-scheduler, kwok)."""
+        out = {}
+        for name, pid in self.plane.pids().items():
+            try:
+                out[name] = proc_cpu_seconds(pid)
+            except (OSError, TypeError):
+                pass
+        return out
 
     def wait_quiet(self, *, below: float = 0.15, window_seconds: float = 3.0,
                    timeout_seconds: float = 180.0) -> float:
