@@ -221,8 +221,10 @@ def has_status_cause(err: BaseException, reason: str) -> bool:
     """
     if not isinstance(err, ApiError):
         return False
-    return any(isinstance(cause, dict) and cause.get("reason") == reason
-               for cause in err.details.get("causes") or [])
+    causes = err.details.get("causes")
+    if not isinstance(causes, list):    # the server's JSON: any value may stand here
+        return False
+    return any(isinstance(cause, dict) and cause.get("reason") == reason for cause in causes)
 
 
 def is_namespace_terminating(err: BaseException) -> bool:

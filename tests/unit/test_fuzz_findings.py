@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from k8s_http import watcher
+from k8s_http.client import WatchStream
 from k8s_http.configerror import ConfigError
+from k8s_http.errors import ServerError, from_status, has_status_cause, is_namespace_terminating
 from k8s_http.kubeconfig import read_kubeconfig
 
 # YAML that parses, but whose plain scalars libyaml's resolver types as a date or an
@@ -38,3 +41,34 @@ def test_kubeconfig_with_a_value_yaml_cannot_build_is_a_config_error(tmp_path, t
     # The value may be a secret: the message never quotes it.
     assert "not-a-number" not in message and "2001" not in message
 
+
+class _Payload:
+    """The transport's Stream (its reading half): these bytes, then the end."""
+
+    path = "/api/v1/pods"
+
+    def __init__(self, data: bytes):
+        self._parts = [data]
+
+    def read_payload(self, timeout_seconds=None):
+        return self._parts.pop() if self._parts else b""
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("causes", ["5", "true", "1.5", '{"reason":"ResourceVersionTooLarge"}'])
+def test_an_error_event_whose_causes_are_not_a_list_is_a_failure(causes):
+    # A 504 ERROR event goes through is_too_large_resource_version, which looked for a
+    # typed cause by iterating details.causes whatever it was: TypeError for a number.
+    line = ('{"type":"ERROR","object":{"kind":"Status","code":504,"message":"x",'
+            f'"details":{{"causes":{causes}}}}}}}\n').encode()
+    with pytest.raises(ServerError) as e:
+        list(WatchStream(_Payload(line), clock=lambda: 0.0))
+    assert watcher.failure(e.value).reason == "error"
+    assert not is_namespace_terminating(e.value)
+
+
+def test_a_write_refused_with_causes_that_are_not_a_list_is_no_namespace_termination():
+    err = from_status(403, b'{"kind":"Status","code":403,"details":{"causes":7}}')
+    assert not has_status_cause(err, "NamespaceTerminating")
