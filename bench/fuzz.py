@@ -73,10 +73,24 @@ FINDINGS: list[tuple[str, str, str]] = [
      "a timestamp and PyYAML's constructor raises `ValueError` (month must be in 1..12), not a "
      "YAMLError; an impossible day or hour, an int over Python's 4,300-digit limit and "
      "`!!int x` do the same",
-     "`_parse_kubeconfig` turns a ValueError into the one-line ConfigError \"not valid YAML "
-     "(a value is not a valid date or number)\", never quoting the value; "
-     "tests/unit/test_fuzz_findings.py::"
+     "`_parse_kubeconfig` turns it into the one-line ConfigError \"not valid YAML (a value does "
+     "not fit its type)\", never quoting the value; tests/unit/test_fuzz_findings.py::"
      "test_kubeconfig_with_a_value_yaml_cannot_build_is_a_config_error"),
+    ("kubeconfig", "`!!timestamp` on a key of a cluster's mapping (the 10-minute run, in "
+     "its first 15 s): no date pattern matches the text and PyYAML's constructor calls "
+     "`.groupdict()` on None: an `AttributeError` escaped",
+     "the same ConfigError for an AttributeError from PyYAML's constructors; the same test "
+     "(its `!!timestamp` case)"),
+    ("kubeconfig", "not from the fuzzer: reading PyYAML's other constructors after the two "
+     "finds above, `!!bool maybe` (KeyError) and `!!int ''` (IndexError)",
+     "caught there too (LookupError); the same test (its last two cases)"),
+    ("events", "not from the fuzzer (its 10-minute run did not reach it): seen while writing "
+     "the target, an ERROR event with code 504 and `details.causes` a number or `true`: "
+     "`watcher.failure` asks `is_too_large_resource_version`, whose `has_status_cause` iterated "
+     "`causes` whatever it was, and the `TypeError` escaped the watch loop's error handling",
+     "`has_status_cause` reads causes only from a list; tests/unit/test_fuzz_findings.py::"
+     "test_an_error_event_whose_causes_are_not_a_list_is_a_failure and "
+     "test_a_write_refused_with_causes_that_are_not_a_list_is_no_namespace_termination"),
 ]
 
 
@@ -394,6 +408,7 @@ def fuzz_one(python: Path, target: str, args) -> dict:
                            int(progress[-1][0]) if progress else 0),
         "execs_per_second": stats.get("average_exec_per_sec", 0),
         "corpus_files": sum(1 for _ in corpus.iterdir()),
+        "corpus_units": int(progress[-1][3]) if progress else 0,
         "coverage": int(progress[-1][1]) if progress else 0,
         "features": int(progress[-1][2]) if progress else 0,
         "peak_rss_mb": stats.get("peak_rss_mb", 0),
@@ -434,7 +449,10 @@ def save(records: list[dict], args) -> None:
         f.seek(0)
         text = f.read()
         data = json.loads(text) if text.strip() else {"runs": {}}
+        history = data.setdefault("earlier", [])
         for record in records:
+            if record["target"] in data["runs"]:    # kept: a crash stops a run early
+                history.append(data["runs"][record["target"]])
             data["runs"][record["target"]] = dict(record, command=_command(args, record),
                                                   **_versions())
         f.seek(0)
@@ -470,8 +488,8 @@ def render(data: dict) -> str:
         "(bench/.fuzz/, git-ignored) carries over from run to run. Per-input limit "
         f"{'/'.join(sorted({str(r.get('timeout', 10)) for r in runs})) or 10} s, "
         "RSS limit 1024 MB.", "",
-        "| target | run | command | seconds | executions | exec/s | corpus files | coverage "
-        "(edges / features) | peak RSS MB | stopped by |",
+        "| target | run | command | seconds | executions | exec/s | corpus files (in use) "
+        "| coverage (edges / features) | peak RSS MB | stopped by |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -481,8 +499,18 @@ def render(data: dict) -> str:
         lines.append(f"| {r['target']} | {r['started']}{at}, atheris {r['atheris']}, "
                      f"CPython {r['python']}, PyYAML {r['pyyaml']} | `{r['command']}` | "
                      f"{r['seconds']} | {r['execs']:,} | {r['execs_per_second']:,} | "
-                     f"{r['corpus_files']:,} | {r['coverage']} / {r['features']} | "
+                     f"{r['corpus_files']:,}"
+                     + (f" ({r['corpus_units']:,})" if r.get("corpus_units") else "")
+                     + f" | {r['coverage']} / {r['features']} | "
                      f"{r['peak_rss_mb']} | {stopped} |")
+    stopped_early = [r for r in data.get("earlier", []) if r["problem"] or r["exit_code"]]
+    if stopped_early:
+        lines += ["", "Earlier runs that stopped before their time (the crash was fixed, then "
+                  "the target ran again):", ""]
+        lines += [f"- {r['target']}, {r['started']}: "
+                  f"{r['problem'] or 'exit ' + str(r['exit_code'])} after {r['seconds']} s "
+                  f"and {r['execs']:,} executions ({', '.join(r['artifacts'])})"
+                  for r in stopped_early]
     lines += ["", "### Crashes found, and how each was fixed", ""]
     if FINDINGS:
         lines += ["| target | input and what escaped | fix, and the unit test that keeps it |",
