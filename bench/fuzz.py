@@ -76,8 +76,8 @@ FINDINGS: list[tuple[str, str, str]] = [
      "`_parse_kubeconfig` turns it into the one-line ConfigError \"not valid YAML (a value does "
      "not fit its type)\", never quoting the value; tests/unit/test_fuzz_findings.py::"
      "test_kubeconfig_with_a_value_yaml_cannot_build_is_a_config_error"),
-    ("kubeconfig", "`!!timestamp` on a key of a cluster's mapping (the 10-minute run, in "
-     "its first 15 s): no date pattern matches the text and PyYAML's constructor calls "
+    ("kubeconfig", "`!!timestamp` on a key of a cluster's mapping (the 10-minute run, after "
+     "18 s): no date pattern matches the text and PyYAML's constructor calls "
      "`.groupdict()` on None: an `AttributeError` escaped",
      "the same ConfigError for an AttributeError from PyYAML's constructors; the same test "
      "(its `!!timestamp` case)"),

@@ -60,7 +60,8 @@ def test_results_say_which_runs_ran_their_time_and_which_stopped_on_a_crash():
         "lines": _record("lines"),
         "events": _record("events", exit_code=77, seconds=41, problem="uncaught TypeError: x",
                           artifacts=["crash-0f"])}})
-    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
+    runs_table = text.split("### Crashes found")[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in runs_table.splitlines()
             if line.startswith("| lines") or line.startswith("| events")}
     assert rows["lines"].rstrip().endswith("| time |")
     assert "1,234,567" in rows["lines"]
