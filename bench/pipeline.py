@@ -168,6 +168,7 @@ def child_memory(url: str, case: str, namespace: str) -> dict:
     from k8s_http.informer import Informer
     from k8s_http.metrics import Metrics
     from k8s_http.objects import DEPLOYMENTS, strip_managed_fields
+    from k8s_http.store import Store
 
     client = ApiClient.from_config(ClusterConfig(server=url))
     metrics = Metrics(CollectorRegistry())
@@ -177,8 +178,8 @@ def child_memory(url: str, case: str, namespace: str) -> dict:
         return _per_page_strip(client, namespace, started)
     if case != "baseline":
         transform = strip_managed_fields if case == "strip_managed_fields" else None
-        informer = Informer(client, DEPLOYMENTS, namespaces=[namespace], transform=transform,
-                            metrics=metrics)
+        informer = Informer(client, DEPLOYMENTS, namespaces=[namespace],
+                            store=Store(transform=transform), metrics=metrics)
         informer.start()
         deadline = time.monotonic() + 120
         while not informer.has_synced():

@@ -63,6 +63,7 @@ from k8s_http.client import ApiClient, WatchStream  # noqa: E402
 from k8s_http.config import load_config  # noqa: E402
 from k8s_http.errors import K8sHttpError  # noqa: E402
 from k8s_http.informer import Informer, own_key, owner_key  # noqa: E402
+from k8s_http.store import Store  # noqa: E402
 from k8s_http.watcher import INITIAL_EVENTS_END  # noqa: E402
 from k8s_http.workqueue import WorkQueue  # noqa: E402
 from scaling import bare as bare_client  # noqa: E402
@@ -166,7 +167,7 @@ def ours(recordings: dict[str, bytes]) -> int:
     cached = 0
     for resource, selector, mapper in READS:
         informer = Informer(client, resource, namespaces=["recorded"], label_selector=selector,
-                            transform=PROJECTIONS[resource])
+                            store=Store(transform=PROJECTIONS[resource]))
         informer.add_handler(mapper, queue)
         synced = threading.Event()
         informer.add_sync_listener(synced.set)

@@ -31,7 +31,6 @@ from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES,
                       add_finalizer, controller_of, get_condition, has_finalizer,
                       is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
                       resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
-from .packed import pack, unpack
 from .podstatus import pod_problem
 from .projection import DroppedFieldRead, Projection
 from .quantity import parse_quantity, same_quantity
@@ -57,7 +56,7 @@ __all__ = [
     "config_hash",
     "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
     "is_resource_name",
-    "setup_logging", "EventRecorder", "Projection", "DroppedFieldRead", "pack", "unpack",
+    "setup_logging", "EventRecorder", "Projection", "DroppedFieldRead",
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
     "with_flag_names",
 ]

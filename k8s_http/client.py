@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableSequence
 
 from .config import ClusterConfig
 from .defaults import MAX_WATCH_LINE_BYTES, WATCH_STALL_TIMEOUT_SECONDS
@@ -90,7 +90,8 @@ class ApiClient:
     def list(self, resource: Resource, *, namespace: str | None = None,
              label_selector: str | None = None, field_selector: str | None = None,
              limit: int | None = 500, resource_version: str | None = None,
-             transform: Callable[[dict], dict] | None = None) -> dict:
+             transform: Callable[[dict], dict] | None = None,
+             into: Callable[[], MutableSequence] = list) -> dict:
         """All pages merged: {"apiVersion", "kind", "metadata": {"resourceVersion"}, "items"}.
 
         Items get apiVersion and kind filled in (the apiserver leaves them out
@@ -99,14 +100,17 @@ class ApiClient:
         request at the same resourceVersion -- client-go's pager fallback --
         so the result is always one consistent snapshot.
 
-        `transform` is applied to each item as its page arrives, so an informer
-        that strips managedFields never holds a whole unstripped list at once.
+        `transform` is applied to each item as its page arrives. `into()` makes
+        the container the items are appended to as each page arrives (made
+        again if the list starts over): a Store's Listing keeps each in the
+        store's form, so a long list is never held as dicts.
         """
         path = resource.path(namespace if resource.namespaced else None)
         base = {"labelSelector": label_selector, "fieldSelector": field_selector,
                 "resourceVersion": resource_version}
         query = dict(base, limit=limit or None)
         pages = []
+        items = into()
         while True:
             try:
                 page = self._json("GET", path, query=query)
@@ -115,16 +119,18 @@ class ApiClient:
                     raise
                 log.info("list %s: continue token expired after %d pages; listing again "
                          "in one request", path, len(pages))
-                pages = [_prepare_items(self._json("GET", path, query=base), resource, transform)]
+                items = into()
+                pages = [_prepare_items(self._json("GET", path, query=base), resource, transform,
+                                        items)]
                 break
-            pages.append(_prepare_items(page, resource, transform))
+            pages.append(_prepare_items(page, resource, transform, items))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 break
             # resourceVersion travels inside the token; the apiserver rejects both at once.
             query = dict(base, resourceVersion=None, limit=limit or None)
             query["continue"] = token
-        return _merge_pages(pages, resource)
+        return _merge_pages(pages, resource, items)
 
     def watch(self, resource: Resource, *, namespace: str | None = None,
               label_selector: str | None = None, field_selector: str | None = None,
@@ -286,37 +292,31 @@ def _item_type(page: dict, resource: Resource) -> tuple[str, str]:
 
 
 def _prepare_items(page: dict, resource: Resource,
-                   transform: Callable[[dict], object] | None) -> dict:
-    """A page's items as they arrive: typed (the apiserver leaves apiVersion and
-    kind out of list items), then transformed; items that are not objects dropped.
-    Typing first lets a transform keep kind and apiVersion, and whatever the
-    transform makes of an item is passed through as it is."""
+                   transform: Callable[[dict], object] | None, into: MutableSequence) -> dict:
+    """A page's items as they arrive, appended to `into`: typed (the apiserver
+    leaves apiVersion and kind out of list items), then transformed; items that
+    are not objects dropped. Typing first lets a transform keep kind and
+    apiVersion, and whatever the transform makes of an item is passed through as
+    it is. The page is returned without its items (its metadata is still read)."""
     items = page.get("items") if isinstance(page, dict) else None
+    if items is None:
+        return page
     if not isinstance(items, list):
-        return page                  # _merge_pages says what is wrong with it
+        raise ProtocolError(f"list {resource}: items is not a list")
     api_version, item_kind = _item_type(page, resource)
-    kept = []
     for item in items:
         if isinstance(item, dict):
             item.setdefault("apiVersion", api_version)
             if item_kind:
                 item.setdefault("kind", item_kind)
-            kept.append(transform(item) if transform is not None else item)
-    page["items"] = kept
+            into.append(transform(item) if transform is not None else item)
+    del page["items"]
     return page
 
 
-def _merge_pages(pages: list[dict], resource: Resource) -> dict:
+def _merge_pages(pages: list[dict], resource: Resource, items: MutableSequence) -> dict:
     first, last = pages[0], pages[-1]
     api_version, list_kind = _list_type(first, resource)
-    items = []
-    for page in pages:
-        page_items = page.get("items")
-        if page_items is None:
-            page_items = []
-        if not isinstance(page_items, list):
-            raise ProtocolError(f"list {resource}: items is not a list")
-        items.extend(page_items)
     rv = (last.get("metadata") or {}).get("resourceVersion", "")
     return {"apiVersion": api_version, "kind": list_kind,
             "metadata": {"resourceVersion": rv}, "items": items}

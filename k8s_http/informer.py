@@ -17,30 +17,50 @@ from collections.abc import Callable, Iterable
 
 from .backoff import Backoff
 from .metrics import Metrics
-from .objects import (ObjectKey, Resource, controller_of, key_of, meta_of,
-                      strip_managed_fields)
-from .store import Fields, Store
+from .objects import ObjectKey, Resource, controller_of, key_of, meta_of
+from .store import Fields, StoreList, Store
 from .watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY, Watcher
 
-__all__ = ["Informer", "Mapper", "own_key", "owner_key"]
+__all__ = ["Informer", "Mapper", "KeyMapper", "own_key", "owner_key"]
 
 log = logging.getLogger(__name__)
 
 Mapper = Callable[[dict], Iterable[ObjectKey]]
 
 
-def own_key(obj: dict) -> list[ObjectKey]:
-    """The object's own key: for the controller's primary resource."""
+class KeyMapper:
+    """A mapper that says which fields it reads (`reads`, paths of keys): the
+    objects handed to it may hold those fields alone, built without the rest (a
+    relist's tens of thousands of objects, and each watch event's old and new).
+    Any other callable is a mapper too, and is handed whole objects."""
+
+    __slots__ = ("_map", "reads", "__name__")
+
+    def __init__(self, map_: Mapper, reads: Fields, name: str | None = None):
+        if not isinstance(reads, (tuple, list)) or not reads or not all(
+                isinstance(path, (tuple, list)) and path
+                and all(isinstance(step, str) for step in path) for path in reads):
+            raise ValueError(f"reads must be paths of keys, not {reads!r}")
+        self._map = map_
+        self.reads: Fields = tuple(tuple(path) for path in reads)
+        self.__name__ = name or getattr(map_, "__name__", repr(map_))
+
+    def __call__(self, obj: dict) -> Iterable[ObjectKey]:
+        return self._map(obj)
+
+    def __repr__(self) -> str:
+        return f"<KeyMapper {self.__name__}>"
+
+
+def _own_key(obj: dict) -> list[ObjectKey]:
     return [key_of(obj)]
 
 
-# A mapper may say which fields it reads (`reads`, paths of keys): the objects
-# handed to it may then hold those fields alone, built without the rest (a
-# relist's tens of thousands of objects, and each watch event's old and new).
-own_key.reads = (("metadata", "namespace"), ("metadata", "name"))  # type: ignore[attr-defined]
+# The object's own key: for the controller's primary resource.
+own_key = KeyMapper(_own_key, (("metadata", "namespace"), ("metadata", "name")), "own_key")
 
 
-def owner_key(kind: str, api_group: str = "") -> Mapper:
+def owner_key(kind: str, api_group: str = "") -> KeyMapper:
     """A mapper to the key of the controlling owner of `kind` in `api_group` ("" = core).
 
     The owner is looked up in the child's namespace: a namespaced child can only be
@@ -54,23 +74,8 @@ def owner_key(kind: str, api_group: str = "") -> Mapper:
         if group != api_group:
             return []
         return [ObjectKey(meta_of(obj).get("namespace") or "", ref["name"])]
-    mapper.__name__ = f"owner_key[{kind}.{api_group}]" if api_group else f"owner_key[{kind}]"
-    mapper.reads = (("metadata", "namespace"),  # type: ignore[attr-defined]
-                    ("metadata", "ownerReferences"))
-    return mapper
-
-
-def _declared_reads(mapper: Mapper) -> Fields | None:
-    """The fields `mapper.reads` names, as paths of keys; None when it names none
-    usable (no attribute, empty, or anything but paths of strings): built whole."""
-    reads = getattr(mapper, "reads", None)
-    if not isinstance(reads, (tuple, list)) or not reads:
-        return None
-    paths = tuple(tuple(path) for path in reads if isinstance(path, (tuple, list)))
-    if len(paths) != len(reads) or not all(
-            path and all(isinstance(step, str) for step in path) for path in paths):
-        return None
-    return paths
+    name = f"owner_key[{kind}.{api_group}]" if api_group else f"owner_key[{kind}]"
+    return KeyMapper(mapper, (("metadata", "namespace"), ("metadata", "ownerReferences")), name)
 
 
 class Informer:
@@ -105,22 +110,22 @@ class Informer:
 
     def __init__(self, client, resource: Resource, *, namespaces: list[str] | None = None,
                  label_selector: str | None = None, field_selector: str | None = None,
-                 transform: Callable[[dict], dict] | None = strip_managed_fields,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 store: Store | None = None, metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
                  stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
                  backoff_factory: Callable[[], Backoff] | None = None,
                  streaming_list: bool = True):
         self.resource = resource
-        self.store = Store(transform=transform)
+        # The cache the watchers fill (what it keeps of each object is its own
+        # business: Store(transform=...)); a fresh default Store if none is given.
+        self.store = store if store is not None else Store()
         self._metrics = metrics if metrics is not None else Metrics()
         self._clock = clock
         self._label = str(resource)
         self._metrics.init_resource(self._label)
         self._cache_objects = self._metrics.cache_objects.labels(self._label)
         self._handlers: list[tuple[Mapper, object]] = []
-        self._mapped_part: Fields | None = None  # see add_handler
-        self._own_keys_only = False                 # see add_handler
+        self._mapped_fields: Fields | None = None  # see add_handler
         self._sync_listeners: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._started = False
@@ -143,9 +148,8 @@ class Informer:
                 on_event=self._on_event, metrics=self._metrics, clock=clock, rng=rng,
                 stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
                 backoff=backoff_factory() if backoff_factory else None,
-                list_transform=self.store.prepare, streaming_list=streaming_list,
-                on_synced=self._notify_synced,
-                skip_managed_fields=self.store.drops_managed_fields)
+                store=self.store, streaming_list=streaming_list,
+                on_synced=self._notify_synced)
         self._threads: dict[str | None, threading.Thread] = {}
         # Read at scrape time. One informer per resource in practice (the
         # manager keys them by resource and label selector).
@@ -167,15 +171,14 @@ class Informer:
         present at that time.
         """
         self._handlers.append((mapper, queue))
-        # When every mapper says what it reads (own_key, owner_key do), the objects
-        # handed to them are built with those fields alone: for owner_key, a
-        # Deployment's namespace and ownerReferences instead of its whole metadata
-        # (labels, annotations, ...), ~1 us less a child at a relist (measured
-        # offline, 10,000 Deployments), and far less than the whole object.
-        reads = [_declared_reads(m) for m, _ in self._handlers]
-        self._mapped_part = (tuple(dict.fromkeys(p for r in reads for p in r))
-                             if all(reads) else None)
-        self._own_keys_only = all(m is own_key for m, _ in self._handlers)
+        # When every mapper says what it reads (own_key, owner_key are KeyMappers),
+        # the objects handed to them are built with those fields alone: for
+        # owner_key, a Deployment's namespace and ownerReferences instead of the
+        # whole object, ~1 us less a child at a relist (measured offline, 10,000
+        # Deployments), and far less than the whole object.
+        reads = [m.reads if isinstance(m, KeyMapper) else None for m, _ in self._handlers]
+        self._mapped_fields = (tuple(dict.fromkeys(p for r in reads for p in r))
+                               if all(reads) else None)
 
     def add_sync_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` (on a watcher's thread) each time a (re)list leaves the
@@ -196,35 +199,27 @@ class Informer:
                 count += 1
         return count
 
-    def _on_sync(self, namespace: str | None, items: list) -> None:
+    def _on_sync(self, namespace: str | None, items: StoreList | list) -> None:
         # One way: the store replaces (deleting what vanished), and the keys of
         # both the listed and the vanished objects go to the queues from here;
-        # nothing goes back to the watcher.
-        # The watchers prepare each listed object as it arrives (Store.prepare:
-        # transformed and packed), so a long list is never held as dicts.
-        vanished = self.store.replace(items, namespace=namespace, prepared=True)
+        # nothing goes back to the watcher. The watchers fill a StoreList of the
+        # store's as a list arrives, so a long list is never held as dicts.
+        listing = items if isinstance(items, StoreList) else self.store.new_list(items)
+        vanished = self.store.replace(listing, namespace=namespace)
         self._cache_objects.set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates. The listed objects
         # are built one at a time: all of them at once would be the whole list
-        # as dicts again, the peak the packed store exists to avoid. When every
-        # mapper reads only metadata (own_key, owner_key), only that is built.
-        if self._own_keys_only:
-            # Every handler wants each object's own key, which the store reads
-            # from the stored form: nothing is built (~3 us per object).
-            keys = list(itertools.chain(self.store.keys_of(items), map(key_of, vanished)))
-            self._hand_over([keys] * len(self._handlers))
-        else:
-            self._enqueue_all(itertools.chain(self.store.built(items, only=self._mapped_part),
-                                              vanished))
+        # as dicts again, the peak the packed store exists to avoid.
+        self._enqueue(itertools.chain(listing.objects(fields=self._mapped_fields), vanished))
 
     def _on_event(self, type_: str, obj: dict) -> None:
         if type_ == "DELETED":
             old = self.store.delete(obj)
             self._cache_objects.set(len(self.store))
-            self._enqueue(obj, old)
+            self._enqueue((obj, old) if old is not None else (obj,))
             return
-        change = self.store.upsert_if_changed(obj, only=self._mapped_part)
+        change = self.store.upsert_if_changed(obj, fields=self._mapped_fields)
         self._cache_objects.set(len(self.store))
         if change is None:
             return      # only the resourceVersion moved: the handlers know this object
@@ -234,39 +229,29 @@ class Informer:
         # A writer named otherwise than (queue, key) is no handler's: everyone hears.
         writer = change.echo_of
         skip = writer if isinstance(writer, tuple) and len(writer) == 2 else None
-        self._enqueue(change.new, change.old, skip=skip)
+        self._enqueue((change.new, change.old) if change.old is not None else (change.new,),
+                      skip=skip)
 
-    def _enqueue_all(self, objs: Iterable[dict]) -> None:
-        """The keys of all `objs` to every handler's queue, a queue with `add_many`
-        (WorkQueue) taking them in one call: a relist's tens of thousands of keys
-        cost one lock and one wake-up per queue instead of one each."""
+    def _enqueue(self, objs: Iterable[dict], *,
+                 skip: tuple[object, ObjectKey] | None = None) -> None:
+        """The keys the mappers find in `objs` to every handler's queue, each key
+        once per queue; a queue with `add_many` (WorkQueue) takes them in one
+        call: a relist's tens of thousands of keys cost one lock and one wake-up
+        per queue instead of one each. `skip`: (queue, key) not to add."""
         found: list[list[ObjectKey]] = [[] for _ in self._handlers]
         for obj in objs:
             for (mapper, _), keys in zip(self._handlers, found):
                 keys.extend(self._keys(mapper, obj))
-        self._hand_over(found)
-
-    def _hand_over(self, found: list[list[ObjectKey]]) -> None:
-        """found[i]: the keys for the i-th handler's queue."""
-        for (_, queue), keys in zip(self._handlers, found):
+        for (_, queue), listed in zip(self._handlers, found):
+            keys = dict.fromkeys(listed)
+            if skip is not None and skip[0] is queue:
+                keys.pop(skip[1], None)
             add_many = getattr(queue, "add_many", None)
             if add_many is not None:
                 add_many(keys)
             else:
                 for key in keys:
                     queue.add(key)
-
-    def _enqueue(self, *objs: dict | None, skip: tuple[object, ObjectKey] | None = None
-                 ) -> None:
-        for mapper, queue in self._handlers:
-            keys: set[ObjectKey] = set()
-            for obj in objs:
-                if obj is not None:
-                    keys.update(self._keys(mapper, obj))
-            if skip is not None and skip[0] is queue:
-                keys.discard(skip[1])
-            for key in keys:
-                queue.add(key)
 
     @staticmethod
     def _keys(mapper: Mapper, obj: dict) -> list[ObjectKey]:

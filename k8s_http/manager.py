@@ -203,10 +203,10 @@ class Manager:
         key = (resource, label_selector)
         informer = self._informers.get(key)
         if informer is None:
+            store = Store(transform=transform or strip_managed_fields)
             informer = Informer(self.client, resource, namespaces=self.namespaces,
-                                label_selector=label_selector, metrics=self.metrics,
-                                clock=self._clock,
-                                transform=transform or strip_managed_fields)
+                                label_selector=label_selector, store=store,
+                                metrics=self.metrics, clock=self._clock)
             self._informers[key] = informer
             informer.add_sync_listener(self._on_cache_synced)
             check_name = f"informer-{resource}"

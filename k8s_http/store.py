@@ -5,14 +5,14 @@ index entries or an index entry without its object. Writes are rare compared
 with reads and cheap (a dict assignment and a few set operations), so one lock
 is simpler than finer-grained schemes and not slower in practice.
 
-Objects are kept packed (k8s_http.packed): one flat tuple of leaves per
-object, its structure shared with every object of the same shape. That is
-several times smaller than dicts and lists, and the garbage collector never
-walks it. Every read builds a new dict, so readers may edit what they get; the
-price is a few microseconds per read. `compact=False` keeps the transform's
-dicts themselves instead (shared with readers, who must not edit them): tests
-use it for guarded projections, whose dict subclass packing would not keep.
-The Store owns the objects it is given: the transform may modify them in place.
+The Store takes objects (one by one, or a list's raw items through a
+`StoreList`) and gives back dicts; how it keeps them is its own business.
+It keeps them packed (k8s_http.packed): one flat tuple of leaves per object,
+its structure shared with every object of the same shape. That is several
+times smaller than dicts and lists, and the garbage collector never walks it.
+Every read builds a new dict, so readers may edit what they get; the price is
+a few microseconds per read. The Store owns the objects it is given: the
+transform may modify them in place.
 
 Read-your-writes: after a controller writes an object, the watch brings the
 change a moment later, and a reconcile in between would act on the old copy
@@ -30,11 +30,11 @@ from typing import NamedTuple
 
 from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
 from .objects import resource_version_of as _rv
-from .packed import LEAF, is_packed, leaf, pack, same_apart_from, seal
+from .packed import LEAF, leaf, pack, same_apart_from, seal
 from .projection import Projection
 
-__all__ = ["Store", "Change", "Fields", "Indexer", "DEFAULT_INDEXERS", "index_namespace",
-           "index_owner_uid"]
+__all__ = ["Store", "Change", "StoreList", "Fields", "Indexer", "DEFAULT_INDEXERS",
+           "index_namespace", "index_owner_uid"]
 
 _NAME = ("metadata", "name")
 _NAMESPACE = ("metadata", "namespace")
@@ -72,18 +72,10 @@ DEFAULT_INDEXERS: Mapping[str, Indexer] = {
 }
 
 
-def _without_version(obj: object) -> object:
-    """`obj` (an unpacked object) with its metadata.resourceVersion left out."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
-        return obj
-    metadata = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
-    return {**obj, "metadata": metadata}
-
-
 class Change(NamedTuple):
     """What a watch event changed in a Store (`upsert_if_changed`)."""
     old: dict | None          # the object it replaced (None: it added one)
-    new: dict                 # the object now stored (both: one field alone if asked `only`)
+    new: dict                 # the object now stored (both: some fields alone if asked `fields`)
     echo_of: object           # the writer of the write this event brings back, or None
 
 
@@ -151,18 +143,49 @@ class _ByNamespace:
         return self._count
 
 
+class StoreList:
+    """A list's objects on their way into one Store (`Store.new_list`), each kept
+    in the store's form as it is appended: a list of 100,000 objects is never
+    held as dicts. What is not an object (a malformed item) is left out: nothing
+    a reader could look up by key. `Store.replace` takes it whole; `objects`
+    builds what it holds one at a time, for whoever is told of the list."""
+
+    __slots__ = ("_store", "_stored")
+
+    def __init__(self, store: Store, objects: Iterable = ()):
+        self._store = store
+        self._stored: list[tuple] = []
+        for obj in objects:
+            self.append(obj)
+
+    def append(self, obj: object) -> None:
+        if isinstance(obj, dict):
+            self._stored.append(self._store._prepare(obj))
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.objects()
+
+    def objects(self, *, fields: Fields | None = None) -> Iterator[dict]:
+        """What was appended, built one at a time (`fields`: see Store.upsert_if_changed)."""
+        part = self._store._part
+        for stored in self._stored:
+            yield part(stored, fields)
+
+
 class Store:
     """Thread-safe object cache keyed by ObjectKey, with indexes kept on every write.
 
     `transform(obj) -> obj` runs on every object on the way in (default: drop
     managedFields, which are often half an object's size); a Projection is
     applied and packed in one walk. `indexers` are added to the default
-    ("namespace"); passing a default name replaces it. `compact`: see the module
-    docstring.
+    ("namespace"); passing a default name replaces it.
     """
 
     def __init__(self, *, transform: Callable[[dict], dict] | None = strip_managed_fields,
-                 indexers: Mapping[str, Indexer] | None = None, compact: bool = True):
+                 indexers: Mapping[str, Indexer] | None = None):
         self.transform = transform      # as given: the Manager compares it
         # The stored form never holds metadata.managedFields, so a watch
         # filling this store need not even decode them.
@@ -171,13 +194,8 @@ class Store:
             or (isinstance(transform, Projection)
                 and not transform.keeps(("metadata", "managedFields"))))
         self._transform = transform or (lambda obj: obj)
-        self._compact = compact
-        if not compact:
-            self.prepare: Callable[[dict], object] = self._transform
-        else:
-            self._pack = (transform.pack if isinstance(transform, Projection)
-                          else lambda obj: pack(self._transform(obj)))
-            self.prepare = self._prepare_packed
+        self._pack = (transform.pack if isinstance(transform, Projection)
+                      else lambda obj: pack(self._transform(obj)))
         every = {**DEFAULT_INDEXERS, **(indexers or {})}
         # The namespace index is answered from the keys (each key holds its
         # namespace): a scan per query, which only a relist by namespace makes,
@@ -189,7 +207,7 @@ class Store:
         # Invariants (under _lock): key in _indices[name][value] iff key in _objects
         # and value in _indexers[name](the object stored under key). Empty value
         # sets are removed.
-        self._objects = _ByNamespace()                 # key -> stored form (prepare)
+        self._objects = _ByNamespace()                 # key -> stored form (_prepare)
         self._indices: dict[str, dict[str, set[ObjectKey]]] = {n: {} for n in self._indexers}
         # Our own writes the watch has not brought yet: key -> (stale, written,
         # writer), the writer as end_write was given it (or None).
@@ -207,32 +225,39 @@ class Store:
         self._inflight: dict[int, int] = {}
         self._recent: dict[ObjectKey, int] = {}
 
+    def new_list(self, objects: Iterable = ()) -> StoreList:
+        """An empty StoreList for this store (or one holding `objects`): a list's
+        items go in one by one as they arrive, then `replace` takes it."""
+        return StoreList(self, objects)
+
     # ---- the stored form ----------------------------------------------------
 
-    def _prepare_packed(self, obj: dict) -> tuple:
+    def _prepare(self, obj: dict) -> tuple:
+        """The stored form of `obj`: transformed and packed."""
         try:
             return self._pack(obj)
         except RecursionError:
             # Nested deeper than the walks can go (JSON decodes deeper than that):
-            # kept whole as one leaf, shared with readers as compact=False would.
+            # kept whole as one leaf, shared with readers.
             try:
                 obj = self._transform(obj)
             except RecursionError:
                 pass
             return seal([LEAF], [obj])
 
-    def _restore(self, stored: object) -> dict:
-        return stored[0].build(stored) if self._compact else stored
+    @staticmethod
+    def _restore(stored: tuple) -> dict:
+        return stored[0].build(stored)
 
-    def _stored_key(self, stored: object) -> ObjectKey:
-        if not self._compact:
-            return key_of(stored)
+    @staticmethod
+    def _stored_key(stored: tuple) -> ObjectKey:
         namespace, name = stored[0].leaves_getter(_KEY_PATHS)(stored)
         return _new_key(ObjectKey, (namespace or "", name or ""))
 
-    def _stored_rv(self, stored: object | None) -> str | None:
-        if stored is None or not self._compact:
-            return _rv(stored)
+    @staticmethod
+    def _stored_rv(stored: tuple | None) -> str | None:
+        if stored is None:
+            return None
         rv = leaf(stored, _RESOURCE_VERSION)
         return rv if isinstance(rv, str) else None
 
@@ -248,28 +273,6 @@ class Store:
         """What `get(key)` would answer's metadata.resourceVersion, without building it."""
         with self._lock:
             return self._stored_rv(self._visible_locked(key))
-
-    def built(self, stored: Iterable, *, only: Fields | None = None) -> Iterator[dict]:
-        """The objects that `replace(stored, prepared=True)` stored, built one at a
-        time: stored forms (`prepare`'s answers) and dicts as replace takes them,
-        anything else skipped, as replace skips it. `only`: a packed object is
-        built with those fields alone (paths of keys: `(("metadata", "name"),)`
-        builds `{"metadata": {"name": ...}}`; a field it lacks is left out), for a
-        reader that needs nothing else (a key mapper's `reads`)."""
-        for item in stored:
-            if self._compact and is_packed(item):
-                yield self._part(item, only)
-            elif isinstance(item, dict):
-                yield self._restore(self.prepare(item)) if self._compact else item
-
-    def keys_of(self, stored: Iterable) -> Iterator[ObjectKey]:
-        """The keys `replace(stored, prepared=True)` filed `stored` under, in order,
-        for what `built` would build, without building anything."""
-        for item in stored:
-            if self._compact and is_packed(item):
-                yield self._stored_key(item)
-            elif isinstance(item, dict):
-                yield key_of(item)
 
     def list(self) -> list[dict]:
         with self._lock:
@@ -328,7 +331,7 @@ class Store:
         key = stored = None
         if written is not None:
             key, written_rv = key_of(written), _rv(written)
-            stored = self.prepare(written)
+            stored = self._prepare(written)
         base_rv = _rv(base)
         with self._lock:
             left = self._inflight.pop(token) - 1
@@ -365,17 +368,20 @@ class Store:
         change = self._upsert(obj, quiet=False)
         return change.old, change.new
 
-    def upsert_if_changed(self, obj: dict, *, only: Fields | None = None) -> Change | None:
+    def upsert_if_changed(self, obj: dict, *, fields: Fields | None = None) -> Change | None:
         """`upsert` for a watch event: None when the object stored is the one it
         replaces apart from metadata.resourceVersion (a change only in fields the
         transform drops, such as the Deployment controller's revision annotation):
         whoever was told of that one has nothing new to learn, and nothing is built.
         Otherwise the Change, whose `echo_of` is the writer of our unobserved write
         when this is the watch's copy of it (same resourceVersion, see end_write).
-        `only`: the Change's objects are built with those fields alone (see `built`)."""
-        return self._upsert(obj, quiet=True, only=only)
+        `fields`: the Change's objects are built with those fields alone (paths of
+        keys: `(("metadata", "name"),)` builds `{"metadata": {"name": ...}}`; a
+        field the object lacks is left out), for a reader that needs nothing else
+        (an informer's key mappers, see informer.KeyMapper)."""
+        return self._upsert(obj, quiet=True, fields=fields)
 
-    def _upsert(self, obj: dict, *, quiet: bool, only: Fields | None = None) -> Change | None:
+    def _upsert(self, obj: dict, *, quiet: bool, fields: Fields | None = None) -> Change | None:
         key, rv = key_of(obj), _rv(obj)
         # The watch's copy of our own write (the resourceVersion of the answer
         # end_write kept) is that answer: stored already, it is not projected
@@ -385,15 +391,14 @@ class Store:
         if written is not None and rv is not None and rv == self._stored_rv(written[1]):
             stored = written[1]
         else:
-            stored = self.prepare(obj)
-        if self._compact:
-            # The stored object's own name and namespace (a projection interned
-            # them) are what the store files it under: the decoded event's
-            # strings would otherwise stay alive as its dict keys. Unless the
-            # transform dropped or changed them.
-            own = self._stored_key(stored)
-            if own == key:
-                key = own
+            stored = self._prepare(obj)
+        # The stored object's own name and namespace (a projection interned
+        # them) are what the store files it under: the decoded event's
+        # strings would otherwise stay alive as its dict keys. Unless the
+        # transform dropped or changed them.
+        own = self._stored_key(stored)
+        if own == key:
+            key = own
         # Built before the lock only for the indexes, which read the object (and
         # may raise, before anything has changed); otherwise after, if at all.
         new = self._restore(stored) if self._indexers else None
@@ -407,27 +412,22 @@ class Store:
                 self._unfile_locked(key, old)
             self._file_locked(key, values)
             self._observe_locked(key, rv)
-        if quiet and old is not None and self._same_apart_from_version(old, stored):
+        if quiet and old is not None and same_apart_from(old, stored, _RESOURCE_VERSION):
             return None
-        if new is None or only is not None:
-            new = self._part(stored, only)
-        return Change(None if old is None else self._part(old, only), new, echo_of)
+        if new is None or fields is not None:
+            new = self._part(stored, fields)
+        return Change(None if old is None else self._part(old, fields), new, echo_of)
 
-    def _part(self, stored: object, only: Fields | None) -> dict:
-        """The stored form built whole, or with the fields `only` alone (see `built`)."""
-        if only is None or not self._compact or not is_packed(stored) or stored[0].shape is None:
-            return self._restore(stored)        # (shape None: an object kept whole, see prepare)
-        return stored[0].fields_builder(only)(stored)
+    def _part(self, stored: tuple, fields: Fields | None) -> dict:
+        """The stored form built whole, or with `fields` alone (see upsert_if_changed)."""
+        if fields is None or stored[0].shape is None:
+            return self._restore(stored)        # (shape None: an object kept whole, see _prepare)
+        return stored[0].fields_builder(fields)(stored)
 
     def _visible_locked(self, key: ObjectKey) -> object | None:
         """The stored form `get(key)` answers from: our unobserved write, or the cache's."""
         written = self._written.get(key)
         return written[1] if written is not None else self._objects.get(key)
-
-    def _same_apart_from_version(self, a: object, b: object) -> bool:
-        if self._compact:
-            return same_apart_from(a, b, _RESOURCE_VERSION)
-        return _without_version(a) == _without_version(b)
 
     def delete(self, obj_or_key: dict | ObjectKey) -> dict | None:
         """Remove by key (or by the key of an object); returns the removed object, if any."""
@@ -439,8 +439,8 @@ class Store:
             self._observe_locked(key, None)
         return None if old is None else self._restore(old)
 
-    def replace(self, objects: Iterable, *, namespace: str | None = None,
-                prepared: bool = False) -> list[dict]:
+    def replace(self, objects: Iterable | StoreList, *, namespace: str | None = None
+                ) -> list[dict]:
         """Atomically make the store hold exactly `objects`; returns the objects that vanished.
 
         The vanished objects are deleted here, for good: they are returned only
@@ -451,18 +451,13 @@ class Store:
         an informer with one watcher per namespace shares one store, and each
         watcher's relist speaks only for its own namespace.
         Readers see either the old contents or the new, never a mixture.
-        `prepared`: the objects are already in stored form, made by this store's
-        `prepare` (an informer's watcher prepares each object as a list
-        arrives, so a long list is never held as dicts).
+        `objects`: dicts, or a StoreList of this store's (an informer's watcher
+        fills one as a list arrives, so a long list is never held as dicts).
         """
-        incoming: dict[ObjectKey, object] = {}
-        for obj in objects:
-            if prepared and self._compact and is_packed(obj):
-                incoming[self._stored_key(obj)] = obj
-            elif isinstance(obj, dict):
-                incoming[key_of(obj)] = obj if prepared and not self._compact else self.prepare(obj)
-            # else: not an object (a malformed list item, passed through
-            # untransformed): nothing a reader could look up by key.
+        if not (isinstance(objects, StoreList) and objects._store is self):
+            objects = self.new_list(objects)
+        incoming: dict[ObjectKey, tuple] = {self._stored_key(stored): stored
+                                            for stored in objects._stored}
         # Index the incoming objects before taking the lock: the slow part of a
         # 10,000-object relist must not block readers.
         filed = {key: self._index_values(self._restore(stored))

@@ -75,6 +75,7 @@ from .errors import (ApiConnectionError, ApiError, ApiTimeoutError, GoneError, K
                      ProtocolError, from_status, is_too_large_resource_version)
 from .metrics import WATCH_EVENT_TYPES, Metrics
 from .objects import Resource
+from .store import Store, StoreList
 from .watchproto import WatchEvent
 
 if TYPE_CHECKING:
@@ -519,6 +520,10 @@ class Watcher:
     `on_sync(items)` is called after every (re)list with the whole fresh set: it
     replaces the cache, and what vanished from it is its business (nothing comes
     back to the watcher); `on_event(type, obj)` gets ADDED / MODIFIED / DELETED.
+    `store`: the Store the lists are for. A list's items go into a StoreList of
+    it one by one as they arrive (Store.new_list), so a long list is never held
+    as dicts, and a store that drops managedFields gets watch events decoded
+    without them. Without one, the fresh set is a plain list of dicts.
     Both run on the watcher's thread; an exception in either is logged with its
     traceback, counted in `handler_errors`, and the loop goes on.
 
@@ -534,17 +539,16 @@ class Watcher:
                  rng: Callable[[], float] = random.random,
                  stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
                  backoff: Backoff | None = None,
-                 list_transform: Callable[[dict], dict] | None = None,
+                 store: Store | None = None,
                  streaming_list: bool = True,
-                 on_synced: Callable[[], None] | None = None,
-                 skip_managed_fields: bool = False):
+                 on_synced: Callable[[], None] | None = None):
         self._client = client
-        # Watches ask for objects without managedFields (the store drops them).
-        self._skip_managed_fields = skip_managed_fields
+        # Watches ask for objects without managedFields when the store drops them.
+        self._skip_managed_fields = store is not None and store.drops_managed_fields
         self._on_synced = on_synced
-        # Applied to listed items page by page (the store's transform), so the
-        # peak memory of a relist is one unstripped page, not the whole list.
-        self._list_transform = list_transform
+        # A fresh set for a list: filled page by page or event by event.
+        self._new_list: Callable[[], StoreList | list] = \
+            store.new_list if store is not None else list
         self._resource = resource
         self._namespace = namespace
         self._label_selector = label_selector
@@ -562,10 +566,10 @@ class Watcher:
         self._label = str(resource)
 
         self._state: State = INITIAL_STREAMING if streaming_list else INITIAL
-        # The initial objects of the streaming list in progress (transformed one
-        # by one as they arrive); meaningful only while the state is Streaming,
+        # The initial objects of the streaming list in progress (in the store's
+        # form as they arrive); meaningful only while the state is Streaming,
         # emptied when it is swapped into the cache or abandoned.
-        self._collected: list[dict] = []
+        self._collected = self._new_list()
         # This watcher's counts of watch_events_total by event type; only this
         # watcher's loop adds to it (see metrics.TalliedCounter).
         self._event_counts = self._metrics.watch_events_total.tally(
@@ -659,8 +663,7 @@ class Watcher:
             # The cases of every event come first: they are nearly all of them.
             match action:
                 case Collect(object=obj):
-                    self._collected.append(self._list_transform(obj) if self._list_transform
-                                           else obj)
+                    self._collected.append(obj)
                     self.last_progress = self._clock()
                 case Progress():
                     self.last_progress = self._clock()
@@ -669,10 +672,10 @@ class Watcher:
                 case Replace(items=items):
                     self._replace(items)
                 case ReplaceCollected():
-                    items, self._collected = self._collected, []
+                    items, self._collected = self._collected, self._new_list()
                     self._replace(items)
                 case FallBack(reason=reason, error=error):
-                    self._collected = []
+                    self._collected = self._new_list()
                     self._fell_back(reason, error)
                 case Restart(reason=reason, error=error):
                     if reason != "timeout":
@@ -684,18 +687,18 @@ class Watcher:
                 case Skip(kind=kind):
                     self._metrics.watch_decode_errors_total.labels(self._label, kind).inc()
                 case Sleep():
-                    self._state, self._collected = next_state, []
+                    self._state, self._collected = next_state, self._new_list()
                     delay = self._backoff.next_delay()
                     log.debug("%s: backing off %.1f s", self, delay)
                     stop.wait(delay)
                 case List(resource_version=rv):
-                    self._state, self._collected = next_state, []
+                    self._state, self._collected = next_state, self._new_list()
                     return None if stop.is_set() else self._list(rv)
                 case Watch(resource_version=rv):
                     self._state = next_state
                     return None if stop.is_set() else self._open_watch(rv)
                 case StreamList(resource_version=rv):
-                    self._state, self._collected = next_state, []
+                    self._state, self._collected = next_state, self._new_list()
                     if stop.is_set():
                         return None
                     self._metrics.informer_relists_total.labels(self._label).inc()
@@ -718,12 +721,12 @@ class Watcher:
                 self._resource, namespace=self._namespace, label_selector=self._label_selector,
                 field_selector=self._field_selector,
                 limit=self._page_size if not rv else None, resource_version=rv or None,
-                transform=self._list_transform)
+                into=self._new_list)
         except Exception as err:  # every failure is an input; the table decides
             return failure(err)
         meta = result.get("metadata") if isinstance(result, dict) else None
         items = result.get("items") if isinstance(result, dict) else None
-        if not isinstance(items, list) or not isinstance(meta, dict):
+        if not isinstance(items, (list, StoreList)) or not isinstance(meta, dict):
             return Failed("protocol", ProtocolError("list response is not a list"))
         return Listed(items, meta.get("resourceVersion"))
 

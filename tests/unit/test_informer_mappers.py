@@ -1,8 +1,11 @@
 """Key mappers and the informer's handler fan-out, without a server."""
 
-from k8s_http.informer import Informer, own_key, owner_key
+import pytest
+
+from k8s_http.informer import Informer, KeyMapper, own_key, owner_key
 from k8s_http.objects import DEPLOYMENTS, ObjectKey
 from k8s_http.projection import Projection
+from k8s_http.store import Store
 
 
 def child(ns="ns", owner=None):
@@ -85,32 +88,35 @@ def test_sync_replaces_enqueues_everything_and_resync_readds():
 def test_the_objects_mapped_hold_only_the_fields_every_mapper_says_it_reads():
     seen = []
 
-    def recording(obj):
+    def recording_whole(obj):
         seen.append(obj)
         return own_key(obj)
 
     listed = dict(child(owner=MY), spec={"replicas": 1})
     listed["metadata"]["labels"] = {"app": "x"}
     narrow = {"metadata": {"namespace": "ns", "name": "c", "ownerReferences": [MY]}}
-    cases = ((own_key.reads, narrow),
-             # A mapper that says nothing, or nothing usable, is handed whole objects.
-             (None, listed), ((), listed), ("metadata", listed), ((("metadata", 1),), listed))
-    for reads, want in cases:
+    cases = ((KeyMapper(recording_whole, own_key.reads), narrow),
+             # A mapper that says nothing is handed whole objects.
+             (recording_whole, listed))
+    for recording, want in cases:
         inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
         q = Queue()
-        recording.reads = reads
         inf.add_handler(recording, q)
         inf.add_handler(owner_key("My", "mine.jp"), Queue())
         seen.clear()
-        inf._on_sync("ns", [inf.store.prepare(listed)])
-        assert seen == [want] and q.keys == [ObjectKey("ns", "c")], reads
+        inf._on_sync("ns", [listed])
+        assert seen == [want] and q.keys == [ObjectKey("ns", "c")], recording
         changed = dict(listed, spec={"replicas": 2})       # an event: the old and the new
         changed["metadata"] = dict(listed["metadata"], resourceVersion="2")
         inf._on_event("MODIFIED", changed)
         if want is listed:
             assert sorted(o["spec"]["replicas"] for o in seen[1:]) == [1, 2]
         else:
-            assert seen[1:] == [want, want], reads
+            assert seen[1:] == [want, want], recording
+    # A mapper's reads are paths of keys, or it is refused.
+    for reads in ((), "metadata", (("metadata", 1),), (("metadata",), ())):
+        with pytest.raises(ValueError):
+            KeyMapper(recording_whole, reads)
     # What the two mappers of the package read, and nothing else: each gives the
     # same keys for an object built with those fields alone as for the whole object.
     assert own_key.reads == (("metadata", "namespace"), ("metadata", "name"))
@@ -156,7 +162,7 @@ def test_an_update_of_nothing_but_the_version_tells_no_handler():
     drop_annotations = Projection(["metadata.name", "metadata.namespace", "metadata.labels",
                                    "metadata.resourceVersion", "metadata.ownerReferences"])
     inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"],
-                   transform=drop_annotations)
+                   store=Store(transform=drop_annotations))
     own = Queue()
     inf.add_handler(own_key, own)
     inf._on_event("ADDED", child(owner=MY))
@@ -256,7 +262,7 @@ def test_a_relist_hands_a_work_queue_all_its_keys_in_one_add_many():
     listed = [child(owner=dict(MY, name=f"o{i}")) for i in range(3)]
     for i, obj in enumerate(listed):
         obj["metadata"]["name"] = f"c{i}"
-    inf._on_sync("ns", [inf.store.prepare(obj) for obj in listed])
+    inf._on_sync("ns", listed)
     assert own.calls == ["add_many"] and owners.calls == ["add_many"]
     taken = [own.get(0)[0] for _ in range(4)]
     assert taken == [ObjectKey("ns", f"c{i}") for i in range(3)] + [ObjectKey("ns", "old")]
@@ -265,10 +271,10 @@ def test_a_relist_hands_a_work_queue_all_its_keys_in_one_add_many():
     assert plain.keys == [ObjectKey("ns", f"o{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
 
 
-def test_a_relist_for_own_key_handlers_only_builds_nothing():
+def test_a_relist_for_own_key_handlers_builds_only_the_keys():
     from k8s_http.workqueue import WorkQueue
     inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"],
-                   transform=Projection(["metadata.name"]))
+                   store=Store(transform=Projection(["metadata.name", "spec"])))
     one, two = WorkQueue("one"), WorkQueue("two")
     inf.add_handler(own_key, one)
     inf.add_handler(own_key, two)
@@ -276,22 +282,19 @@ def test_a_relist_for_own_key_handlers_only_builds_nothing():
                                                    "resourceVersion": "1"}))
     for queue in (one, two):
         queue.done(queue.get(0)[0])
-
-    def no_building(*args, **kwargs):
-        raise AssertionError("built")
-
-    inf.store.built = no_building
-    listed = [dict(child(), metadata={"name": f"c{i}", "namespace": "ns", "resourceVersion": "2"})
-              for i in range(3)]
-    inf._on_sync("ns", [inf.store.prepare(obj) for obj in listed] + ["not an object"])
+    seen = []
+    real = own_key._map
+    own_key._map = lambda obj: seen.append(obj) or real(obj)
+    try:
+        listed = [dict(child(), metadata={"name": f"c{i}", "namespace": "ns",
+                                          "resourceVersion": "2"}, spec={"replicas": i})
+                  for i in range(3)]
+        inf._on_sync("ns", listed + ["not an object"])
+    finally:
+        own_key._map = real
     expected = [ObjectKey("ns", f"c{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
     for queue in (one, two):
         assert [queue.get(0)[0] for _ in range(4)] == expected
-
-
-def test_the_store_reads_the_keys_of_stored_forms_without_building_them():
-    from k8s_http.store import Store
-    for compact in (True, False):
-        store = Store(compact=compact)
-        stored = [store.prepare(child(ns=f"n{i}")) for i in range(2)] + [42]
-        assert list(store.keys_of(stored)) == [ObjectKey("n0", "c"), ObjectKey("n1", "c")]
+    # Built with the namespace and name alone (the vanished object whole).
+    assert seen[:6] == [{"metadata": {"name": f"c{i}", "namespace": "ns"}}
+                        for i in (0, 0, 1, 1, 2, 2)]

@@ -137,7 +137,7 @@ EXPECTED_API = [
     "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
     "is_resource_name",
     # what a cache keeps
-    "Projection", "DroppedFieldRead", "pack", "unpack",
+    "Projection", "DroppedFieldRead",
     # logging and events
     "setup_logging", "EventRecorder",
     # command line: the standard manager flags

@@ -297,9 +297,8 @@ def test_older_versions_do_not_hide_our_write_and_chained_writes_keep_them():
     assert get_rv(store, "a") == "9"
 
 
-@pytest.mark.parametrize("compact", [True, False])
-def test_upsert_if_changed_is_none_when_only_the_version_moved(compact):
-    store = Store(compact=compact)
+def test_upsert_if_changed_is_none_when_only_the_version_moved():
+    store = Store()
     first = store.upsert_if_changed(obj("a", rv="1"))
     assert first.old is None and first.new["metadata"]["resourceVersion"] == "1"
     assert store.upsert_if_changed(obj("a", rv="1")) is None      # replayed
@@ -328,16 +327,15 @@ def test_the_watchs_copy_of_our_write_names_its_writer():
     assert store.upsert_if_changed(again).echo_of is None     # the watch speaks again
 
 
-@pytest.mark.parametrize("compact", [True, False])
-def test_the_watchs_copy_of_our_write_is_not_prepared_again(compact):
-    store = Store(compact=compact)
+def test_the_watchs_copy_of_our_write_is_not_prepared_again():
+    store = Store()
     store.upsert(obj("a", rv="1"))
     written = obj("a", rv="4")
     written["spec"] = {"replicas": 2}
     store.end_write(store.begin_write(), written, base=obj("a", rv="1"), writer="me")
     prepared = []
-    real = store.prepare
-    store.prepare = lambda o: prepared.append(o) or real(o)
+    real = store._prepare
+    store._prepare = lambda o: prepared.append(o) or real(o)
     change = store.upsert_if_changed(copy.deepcopy(written))
     assert change.echo_of == "me" and change.new == written and prepared == []
     assert store.get(ObjectKey("default", "a")) == written
@@ -392,7 +390,7 @@ def test_a_failed_write_leaves_nothing_and_bookkeeping_empties():
     assert store._inflight == {} and store._recent == {}
 
 
-def test_replace_applies_the_transform_unless_the_objects_were_prepared_already():
+def test_a_listing_transforms_each_object_as_it_is_appended_and_replace_takes_it_whole():
     calls = []
 
     def transform(obj):
@@ -402,11 +400,17 @@ def test_replace_applies_the_transform_unless_the_objects_were_prepared_already(
     objs = [{"metadata": {"name": n, "namespace": "ns", "resourceVersion": "1"}} for n in "ab"]
     store.replace(objs)
     assert calls == ["a", "b"]
-    prepared = [store.prepare(o) for o in objs]       # an informer's watcher does it per object
-    assert calls == ["a", "b"] * 2
-    store.replace(prepared, prepared=True)
+    listing = store.new_list()
+    for o in objs:                                    # an informer's watcher, as a list arrives
+        listing.append(o)
+    assert calls == ["a", "b"] * 2 and len(listing) == 2
+    store.replace(listing)
     assert calls == ["a", "b"] * 2 and len(store) == 2
     assert store.get(ObjectKey("ns", "b")) == objs[1]
+    # Another store's listing is taken as objects: this store's transform runs on them.
+    other = Store(transform=transform)
+    other.replace(listing)
+    assert calls == ["a", "b"] * 3 and other.keys() == store.keys()
 
 
 def test_every_read_is_the_readers_own_copy():
@@ -423,12 +427,6 @@ def test_every_read_is_the_readers_own_copy():
     assert s.list()[0]["metadata"]["name"] == "a"
 
 
-def test_a_store_that_is_not_compact_keeps_the_transforms_objects():
-    s = Store(compact=False)
-    _, stored = s.upsert(obj("a"))
-    assert stored is s.get(ObjectKey("default", "a"))
-
-
 def test_resource_version_without_building_the_object():
     s = Store()
     s.upsert(obj("a", rv="7"))
@@ -442,9 +440,11 @@ def test_resource_version_without_building_the_object():
 
 
 def test_replace_skips_list_items_that_are_not_objects():
-    # A malformed item passes a watcher's prepare untouched; it has no key.
+    # A malformed item in a list has no key: a listing leaves it out.
     s = Store()
-    s.replace([s.prepare(obj("a")), "garbage", 7, None], prepared=True)
+    listing = s.new_list([obj("a"), "garbage", 7, None])
+    assert len(listing) == 1
+    s.replace(listing)
     assert s.keys() == [ObjectKey("default", "a")]
     s.replace([obj("b"), ["x"]])
     assert s.keys() == [ObjectKey("default", "b")]
@@ -453,8 +453,7 @@ def test_replace_skips_list_items_that_are_not_objects():
 def test_the_namespace_index_is_answered_from_the_keys_after_every_kind_of_write():
     s = Store()
     s.upsert(obj("a", "n1"))
-    s.replace([s.prepare(obj("b", "n2")), s.prepare(obj("c", "n1"))], prepared=True,
-              namespace=None)
+    s.replace(s.new_list([obj("b", "n2"), obj("c", "n1")]), namespace=None)
     s.upsert(obj("d", "n2"))
     s.delete(ObjectKey("n2", "b"))
     assert names(s.by_index("namespace", "n1")) == ["c"]
@@ -474,41 +473,47 @@ def test_an_object_too_deep_to_pack_is_kept_whole():
     got = s.get(ObjectKey("default", "a"))
     assert got["metadata"]["name"] == "a" and got["spec"] is deep
     assert s.resource_version(ObjectKey("default", "a")) == "1"
-    s.replace([s.prepare(o)], prepared=True)
+    s.replace(s.new_list([o]))
     assert s.keys() == [ObjectKey("default", "a")]
 
 
-def test_built_gives_the_objects_of_stored_forms_one_at_a_time():
-    for s in (Store(), Store(compact=False)):
-        items = [s.prepare(obj("a")), "garbage", s.prepare(obj("b"))]
-        built = s.built(items)
-        assert next(built)["metadata"]["name"] == "a"
-        assert [o["metadata"]["name"] for o in built] == ["b"]
+def test_a_listing_builds_its_objects_one_at_a_time():
+    s = Store()
+    built = s.new_list([obj("a"), "garbage", obj("b")]).objects()
+    assert next(built)["metadata"]["name"] == "a"
+    assert [o["metadata"]["name"] for o in built] == ["b"]
 
 
-def test_built_can_build_some_fields_alone():
+def test_some_fields_can_be_built_alone():
     s = Store()
     full = obj("a", owner_uid="u1", labels={"x": "1"})
     full["spec"] = {"replicas": 2}
-    items = [s.prepare(full), s.prepare({"spec": {}})]
-    got = list(s.built(items, only=(("metadata",),)))
+    listing = s.new_list([full, {"spec": {}}])
+    got = list(listing.objects(fields=(("metadata",),)))
     assert got == [{"metadata": full["metadata"]}, {}]
     got[0]["metadata"]["labels"]["x"] = "2"                 # a new copy, the reader's to edit
-    assert next(s.built(items[:1]))["metadata"]["labels"] == {"x": "1"}
+    assert next(listing.objects())["metadata"]["labels"] == {"x": "1"}
     # Nested fields, a map and a leaf among them; a field absent is left out; a
     # path through a leaf or a list leads nowhere; a path and its prefix agree.
-    only = (("metadata", "labels"), ("metadata", "name"), ("spec", "replicas"),
-            ("status", "x"), ("metadata", "name", "deeper"), ("metadata", "ownerReferences", "0"))
-    assert list(s.built(items, only=only)) == [
+    fields = (("metadata", "labels"), ("metadata", "name"), ("spec", "replicas"),
+              ("status", "x"), ("metadata", "name", "deeper"),
+              ("metadata", "ownerReferences", "0"))
+    assert list(listing.objects(fields=fields)) == [
         {"metadata": {"labels": {"x": "1"}, "name": "a"}, "spec": {"replicas": 2}}, {}]
-    for only in ((("metadata",), ("metadata", "name")), (("metadata", "name"), ("metadata",))):
-        assert list(s.built(items[:1], only=only)) == [{"metadata": full["metadata"]}]
+    one = s.new_list([full])
+    for fields in ((("metadata",), ("metadata", "name")), (("metadata", "name"), ("metadata",))):
+        assert list(one.objects(fields=fields)) == [{"metadata": full["metadata"]}]
+    # A watch event's Change is built the same way.
+    s.upsert(full)
+    changed = dict(full, spec={"replicas": 3})
+    change = s.upsert_if_changed(changed, fields=(("spec",),))
+    assert change.old == {"spec": {"replicas": 2}} and change.new == {"spec": {"replicas": 3}}
     # An object nested too deeply to pack is kept whole (one leaf): built whole.
     deep: dict = {"x": 1}
     for _ in range(3000):
         deep = {"d": deep}
     nested = dict(obj("deep"), spec=deep)
-    (whole,) = s.built([s.prepare(nested)], only=(("metadata", "name"),))
+    (whole,) = s.new_list([nested]).objects(fields=(("metadata", "name"),))
     assert whole["metadata"]["name"] == "deep"
 
 

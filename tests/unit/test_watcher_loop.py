@@ -10,7 +10,7 @@ from k8s_http.errors import (ApiConnectionError, ForbiddenError, GoneError, Inva
                              ProtocolError)
 from k8s_http.metrics import Metrics
 from k8s_http.objects import DEPLOYMENTS
-from k8s_http.watcher import Listing, Watcher, Watching
+from k8s_http.watcher import StoreList, Watcher, Watching
 from k8s_http.watchproto import WatchEvent
 from tests.support.clock import FakeStopEvent
 from tests.support.fake_client import InMemoryApiClient, ScriptedWatchStream
@@ -189,7 +189,7 @@ def test_a_rerun_resumes_from_its_state():
     client.calls.clear()
     w.run(stop2)
     assert calls(client)[0] == ("watch", "8")   # no relist after a restart
-    assert not isinstance(w.state, Listing)
+    assert not isinstance(w.state, StoreList)
 
 
 # ---- streaming list --------------------------------------------------------------
@@ -250,15 +250,28 @@ def test_a_drop_during_the_initial_stream_streams_again_from_scratch():
     assert stop.waits == []            # the first drop streams again at once
 
 
-def test_collected_objects_are_transformed_one_by_one():
+def test_collected_objects_go_into_the_stores_listing_one_by_one():
+    from k8s_http.store import StoreList, Store
     stop = FakeStopEvent()
     client = scripted_client(stop, [("watch", [WatchEvent("ADDED", dict(obj("a", "3"), junk="x" * 100)),
                                           end_bookmark("10")])])
+    store = Store(transform=lambda o: {k: v for k, v in o.items() if k != "junk"})
+    appended = []
+
+    class Watched(StoreList):
+        __slots__ = ()
+
+        def append(self, item):
+            appended.append(len(self))
+            super().append(item)
+    store.new_list = lambda: Watched(store)
     got = []
-    w = Watcher(client, DEPLOYMENTS, on_sync=got.extend, on_event=lambda t, o: None,
-                list_transform=lambda o: {k: v for k, v in o.items() if k != "junk"})
+    w = Watcher(client, DEPLOYMENTS, on_sync=got.append, on_event=lambda t, o: None,
+                store=store)
     w.run(stop)
-    assert got == [obj("a", "3")]
+    (listing,) = got
+    assert isinstance(listing, Watched) and appended == [0]
+    assert list(listing.objects()) == [obj("a", "3")]
 
 
 def test_a_refusing_apiserver_costs_one_refused_request_then_lists_page_by_page():
@@ -299,14 +312,15 @@ def test_an_apiserver_that_ignores_the_parameters_is_detected_by_its_plain_bookm
 def test_watches_skip_managed_fields_exactly_when_the_informers_store_drops_them():
     from k8s_http.informer import Informer
     from k8s_http.projection import Projection
+    from k8s_http.store import Store
     for transform, skipped in (("default", True), (Projection(["spec"]), True),
                                (Projection(["metadata"]), False), (None, False),
                                (lambda o: o, False)):
         stop = FakeStopEvent()
         client = scripted_client(stop, [("list", listing("10", "a")), ("watch", [])])
-        kwargs = {} if transform == "default" else {"transform": transform}
+        store = Store() if transform == "default" else Store(transform=transform)
         informer = Informer(client, DEPLOYMENTS, namespaces=["ns"], streaming_list=False,
-                            metrics=Metrics(CollectorRegistry()), rng=lambda: 0.5, **kwargs)
+                            metrics=Metrics(CollectorRegistry()), rng=lambda: 0.5, store=store)
         informer._watchers["ns"].run(stop)
         watch = next(call for call in client.calls if call[0] == "watch")
         assert watch.kwargs.get("skip_managed_fields", False) is skipped, transform
