@@ -31,10 +31,11 @@ Invariants:
     Interner is: objects keep the layouts they have), keyed by signature; a
     packer with a signature of its own (Projection's compiled walk, see
     k8s_http.packcode) gives the shape itself the first time (`seal(..., shape_of)`);
-  * a layout builds its objects with a function compiled from its shape, whose
-    source is made only of subscripts into the leaves and into the layout's own
-    key tuple (no key text is ever part of the source). Shapes too large or too
-    deep to compile are built by a recursive walk instead.
+  * a layout builds its objects with a function compiled from its shape
+    (k8s_http.packcode, the package's one code generator), whose source is made
+    only of subscripts into the leaves and into the layout's own key tuple (no
+    key text is ever part of the source). Shapes too large or too deep to
+    compile are built by a recursive walk instead.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
+
+from .packcode import DIGITS_SHAPE, compile_builder, compile_fields_builder
 
 __all__ = ["Layout", "pack", "pack_into", "seal", "unpack", "leaf", "is_packed", "nest",
            "same_apart_from", "digits_as_int", "MAP", "LIST", "END", "LEAF", "DIGITS"]
@@ -63,8 +66,7 @@ class _Token:
 
 MAP, LIST, END, LEAF = _Token("MAP"), _Token("LIST"), _Token("END"), _Token("LEAF")
 DIGITS = _Token("DIGITS")
-# The shape of a DIGITS leaf (a leaf is None): built as str(the stored int).
-DIGITS_SHAPE = "digits"
+# The shape of a DIGITS leaf (a leaf is None) is DIGITS_SHAPE: built as str(the stored int).
 # At most this many digits (an int64, as etcd's revisions are): the int stays
 # small and int() never meets Python's limit on digits.
 _MAX_DIGITS = 18
@@ -323,23 +325,10 @@ def _builder(shape: Shape, first_leaf: int = 1) -> Callable[[tuple], object]:
     """A function building the value of `shape` from a packed object whose leaves
     for it start at index `first_leaf` (1: the whole object)."""
     if _fits_compiling(shape):
-        keys: list = []
-        made = _compiled(_source(shape, [first_leaf - 1], keys), keys, "<packed layout>")
+        made = compile_builder(shape, first_leaf)
         if made is not None:
             return made
     return lambda packed: _build_walk(shape, iter(packed[first_leaf:]).__next__)
-
-
-def _compiled(source: str, keys: list, name: str) -> Callable[[tuple], object] | None:
-    """`lambda v: <source>` over keys `k` and `s` (str); None past Python's limits.
-    The source holds only `v[i]`, `k[j]`, `s(...)`, braces, brackets, colons and
-    commas (see _source): nothing from the object itself is compiled."""
-    try:
-        make = eval(compile(f"lambda k, s: lambda v: {source}", name, "eval"),
-                    {"__builtins__": {}})
-    except (RecursionError, MemoryError, SyntaxError):  # pragma: no cover - limits
-        return None
-    return make(tuple(keys), str)
 
 
 def _fields_builder(shape: Shape, paths: tuple[tuple[str, ...], ...]) -> Callable[[tuple], dict]:
@@ -365,8 +354,7 @@ def _fields_builder(shape: Shape, paths: tuple[tuple[str, ...], ...]) -> Callabl
     kept = _kept_values(tree)
     if all(_fits_compiling(value_shape) for _, value_shape in kept) \
             and len(kept) <= _MAX_COMPILED_NODES:
-        keys: list = []
-        made = _compiled(_tree_source(tree, keys), keys, "<packed fields>")
+        made = compile_fields_builder(tree)
         if made is not None:
             return made                         # type: ignore[return-value]
     builders = _tree_builders(tree)
@@ -390,18 +378,6 @@ def _kept_values(tree: dict) -> list[tuple[int, Shape]]:
     return found
 
 
-def _tree_source(tree: dict, keys: list) -> str:
-    """Python source building `tree` (see _fields_builder) from leaves `v`, keys `k`."""
-    items = []
-    for key, child in tree.items():
-        keys.append(key)
-        index = len(keys) - 1                   # before the value's own keys
-        value = _tree_source(child, keys) if isinstance(child, dict) \
-            else _source(child[1], [child[0] - 1], keys)
-        items.append(f"k[{index}]: {value}")
-    return "{" + ", ".join(items) + "}"
-
-
 def _fits_compiling(shape: Shape) -> bool:
     """Whether the shape has at most _MAX_COMPILED_NODES nodes (leaves, keys and
     items) and _MAX_COMPILED_DEPTH levels. Iterative: a shape may be deeper than
@@ -415,24 +391,6 @@ def _fits_compiling(shape: Shape) -> bool:
         if node is not None and node is not DIGITS_SHAPE:
             todo.extend((child, depth + 1) for child in node[-1])
     return True
-
-
-def _source(shape: Shape, leaf: list[int], keys: list) -> str:
-    """Python source building `shape` from leaves `v` (v[0] is the layout), keys `k`
-    and `s` (str, for DIGITS leaves)."""
-    if shape is None:
-        leaf[0] += 1
-        return f"v[{leaf[0]}]"
-    if shape is DIGITS_SHAPE:
-        leaf[0] += 1
-        return f"s(v[{leaf[0]}])"
-    if shape[0] == "{":
-        items = []
-        for key, child in zip(shape[1], shape[2]):
-            keys.append(key)
-            items.append(f"k[{len(keys) - 1}]: {_source(child, leaf, keys)}")
-        return "{" + ", ".join(items) + "}"
-    return "[" + ", ".join(_source(child, leaf, keys) for child in shape[1]) + "]"
 
 
 def _build_walk(shape: Shape, next_leaf: Callable[[], object]) -> object:

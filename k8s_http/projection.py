@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterable
 
 from .packcode import PlaceToken, compile_packer
 from .packed import DIGITS, END, LEAF, LIST, MAP, digits_as_int, nest, seal
-from .shapes import LearnedShapes, compile_extractor, shape_under
 
 __all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
 
@@ -212,8 +211,6 @@ class Projection:
         # The compiled walk's signatures start with this projection's own token:
         # they are in a code of their own (packcode), never equal to another's.
         self._signature_head = PlaceToken("projection")
-        # Extractors for the shapes the walk has met twice (k8s_http.shapes).
-        self._shapes = LearnedShapes()
 
     def keeps(self, path: Path) -> bool:
         """Whether any of the value at `path` can be in the projection: the path,
@@ -239,22 +236,9 @@ class Projection:
     def pack(self, obj: dict) -> tuple:
         """The projection of `obj` in packed form (k8s_http.packed), made in one walk:
         `unpack(self.pack(obj)) == self(obj)`, without building the projected dicts.
-        By the extractor of its shape when one has been learned, else by the walk."""
-        intern, repeated = self._bound_intern(), self._repeated_intern()
-        shapes = self._shapes
-        for extract in shapes.known:
-            packed = extract(obj, intern, repeated)
-            if packed is not None:
-                shapes.hits += 1
-                return packed
-        packed = self._walk_pack(obj, intern, repeated)
-        if self._packer is not None and shapes.should_learn():
-            self._learn(obj, packed)
-        return packed
-
-    def _walk_pack(self, obj: dict, intern, repeated) -> tuple:
-        """`obj` packed by the walk: the compiled one, or the generic one when the
+        By the walk compiled for the declaration, or the generic one when the
         declaration is too deep to compile."""
+        intern, repeated = self._bound_intern(), self._repeated_intern()
         leaves: list = []
         if self._packer is None:
             signature: list = []
@@ -263,20 +247,6 @@ class Projection:
         signature = [self._signature_head]
         self._packer(obj, intern, repeated, leaves.append, signature.append)
         return seal(signature, leaves, lambda: self._shape_of(obj, len(leaves)))
-
-    def _learn(self, obj: dict, packed: tuple) -> None:
-        """Learn the shape of `obj` (just packed by the walk) on its second sighting:
-        an extractor answering, for objects of that shape, what the walk would."""
-        markers = {"distinct_marker": _DISTINCT, "repeated_marker": _REPEATED,
-                   "digits": digits_as_int}
-        shape = shape_under(obj, self._tree, self._list_nodes, **markers)
-        if shape is None or not self._shapes.seen(shape):
-            return
-        extract, leaves = compile_extractor(shape, self._tree, packed[0], **markers)
-        if leaves == len(packed) - 1:
-            # (Else the shape and the walk disagree: a bug, which tests catch; the
-            # walk goes on packing such objects rather than risk a wrong one.)
-            self._shapes.learn(extract)
 
     def _shape_of(self, obj: dict, leaves: int) -> object:
         """The shape of `obj`'s projection, from the generic walk's signature (for

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import pathlib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http import DroppedFieldRead, Projection, shapes
+from k8s_http import DroppedFieldRead, Projection
+from k8s_http import packcode
 from k8s_http.packed import unpack
 from k8s_http.projection import Interner
 from k8s_http.store import Store
@@ -400,160 +402,62 @@ def test_a_declaration_too_deep_to_compile_is_packed_by_the_generic_walk():
     assert unpack(projection.pack(obj)) == projection(obj)
 
 
-# ---- packing by shape (k8s_http.shapes): an object of a learned shape is packed
-# by its extractor exactly as the walk packs it; one of any other shape is left to the walk.
-
-def projection() -> Projection:
-    """A Deployment-like declaration with every kind of place: declared maps and
-    lists, leaves, values kept whole (labels), distinct and repeated strings."""
-    return Projection([
-        "apiVersion", "kind", "metadata.name", "metadata.namespace", "metadata.resourceVersion",
-        "metadata.labels", ("metadata", "annotations", "mine.jp/config-hash"),
-        "spec.replicas", "spec.template.spec.containers[].name",
-        "spec.template.spec.containers[].image", "spec.template.spec.containers[].env",
-        "status.conditions[].type", "status.conditions[].reason",
-        "status.conditions[].message",
-    ], distinct=["metadata.resourceVersion", ("metadata", "annotations", "mine.jp/config-hash")],
-        repeated=["status.conditions[].message"], interner=Interner())
+# ---- the one code generator (k8s_http.packcode): readable, and never fed the data
 
 
-def walked(p: Projection, obj: dict) -> tuple:
-    """`obj` packed by the compiled walk alone, as Projection.pack does without shapes."""
-    return p._walk_pack(obj, p._bound_intern(), p._repeated_intern())
+def test_generated_source_is_registered_and_shows_in_a_traceback():
+    import traceback
+    from k8s_http.packed import pack
+    p = Projection(["metadata.name", "spec.replicas"], interner=Interner())
+    text = packcode.generated_source(p._packer)
+    assert text.startswith("def make(") and "def pack(value" in text
+    built = pack({"a": {"b": 1}})
+    assert "return {k[0]: {k[1]: v[1]}}" in packcode.generated_source(built[0].build)
+    try:
+        p._packer(None, None, None, None, None)          # token(None) is not callable
+    except TypeError as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        generated = [f for f in frames if f.filename.startswith("<k8s_http generated")]
+        assert generated and generated[-1].line, frames
+        assert "projection packer" in generated[-1].filename
+    else:
+        raise AssertionError("the packer accepted a token function of None")
 
 
-def extracted(p: Projection, obj: dict) -> list:
-    """What each learned extractor answers for `obj` (None: not its shape)."""
-    return [extract(obj, p._bound_intern(), p._repeated_intern()) for extract in p._shapes.known]
+def test_registered_sources_are_bounded(monkeypatch):
+    import linecache
+    from k8s_http.packed import pack
+    monkeypatch.setattr(packcode, "MAX_REGISTERED", 3)
+    made = [pack({f"k{i}": {"x": i}})[0].build for i in range(6)]
+    kept = [f for f in (m.__code__.co_filename for m in made) if f in linecache.cache]
+    assert len(kept) <= 3 and packcode.generated_source(made[-1])
+    assert all(m(pack({f"k{i}": {"x": i}})) == {f"k{i}": {"x": i}} for i, m in enumerate(made))
 
 
-def test_a_shape_is_learned_on_its_second_sighting_and_then_packs_as_the_walk():
-    p = projection()
-    p.pack(deployment("a", rv="7"))
-    assert p._shapes.known == ()
-    p.pack(deployment("b", rv="8"))
-    assert len(p._shapes.known) == 1
-    third = deployment("c", rv="9", image="other:3")
-    hits = p._shapes.hits
-    packed = p.pack(copy.deepcopy(third))
-    assert p._shapes.hits == hits + 1
-    assert packed == walked(p, third)             # the same layout, the same leaves
-    assert unpack(packed) == p(third)
-    assert list(unpack(packed)["metadata"]) == list(p(third)["metadata"])
-
-
-def _parent(obj: dict, path: tuple) -> dict:
-    for step in path[:-1]:
-        obj = obj[step]
-    return obj
-
-
-def _set(path: tuple, value: object):
-    return lambda obj: _parent(obj, path).__setitem__(path[-1], value)
-
-
-def _drop(path: tuple):
-    return lambda obj: _parent(obj, path).__delitem__(path[-1])
-
-
-CONTAINERS = ("spec", "template", "spec", "containers")
-SHAPE_CHANGES = {
-    "declared key gone": _drop(("metadata", "namespace")),
-    "declared map gone": _drop(("status",)),
-    "leaf of another class": _set(("spec", "replicas"), "3"),
-    "leaf turned bool": _set(("spec", "replicas"), True),
-    "leaf turned map": _set(("metadata", "name"), {"a": "b"}),
-    "declared map turned list": _set(("metadata",), []),
-    "declared list turned map": _set(CONTAINERS, {"name": "x"}),
-    "declared list longer": lambda d: d["spec"]["template"]["spec"]["containers"].append(
-        {"name": "third"}),
-    "declared list item not a map": lambda d: d["status"]["conditions"].append("text"),
-    "whole map keys in another order": _set(("metadata", "labels"), {"tier": "web", "app": "x"}),
-    "whole map with another key": _set(("metadata", "labels"), {"app": "x", "zone": "web"}),
-    "whole map leaf of another class": _set(("metadata", "labels"), {"app": "x", "tier": 1}),
-    "whole list shorter": lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].pop(),
-    "whole list item of another class": lambda d: d["spec"]["template"]["spec"]["containers"][0]
-    ["env"].__setitem__(0, None),
-    "whole value a dict subclass": _set(("metadata", "labels"), type("Sub", (dict,), {})(
-        app="x", tier="web")),
-    "distinct digits turned text": _set(("metadata", "resourceVersion"), "v8"),
-    "distinct text turned digits": _set(("metadata", "annotations", "mine.jp/config-hash"), "12"),
-    "distinct not a string": _set(("metadata", "resourceVersion"), 8),
-    "repeated not a string": lambda d: d["status"]["conditions"][0].update(message=None),
-    "a str subclass leaf": _set(("metadata", "name"), type("S", (str,), {})("web")),
-}
-
-
-@pytest.mark.parametrize("change", list(SHAPE_CHANGES.values()), ids=list(SHAPE_CHANGES))
-def test_an_object_of_another_shape_is_refused_and_packed_by_the_walk(change):
-    p = projection()
-    p.pack(deployment("a"))
-    p.pack(deployment("b"))
-    assert len(p._shapes.known) == 1
-    obj = deployment("c")
-    change(obj)
-    assert extracted(p, obj) == [None]
-    assert p.pack(copy.deepcopy(obj)) == walked(p, obj)
-
-
-def test_keys_the_declaration_does_not_read_do_not_change_the_shape():
-    p = projection()
-    p.pack(deployment("a"))
-    p.pack(deployment("b"))
-    obj = deployment("c")
-    obj["metadata"]["finalizers"] = ["x"]
-    obj["spec"]["paused"] = True
-    del obj["metadata"]["creationTimestamp"]
-    assert extracted(p, obj) == [walked(p, obj)]
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.dictionaries(_NAMES, _VALUES, max_size=6), max_size=8))
-def test_every_extractor_answers_as_the_walk_or_not_at_all(objs):
-    p = projection()
-    for obj in objs * 2:                 # each shape seen twice: learned
-        assert unpack(p.pack(obj)) == p(obj)
-    for obj in objs:
-        want = walked(p, obj)
-        assert p.pack(obj) == want
-        for answer in extracted(p, obj):
-            assert answer is None or answer == want
-
-
-def test_a_shape_of_an_unlearnable_object_is_none():
-    p = projection()
-    markers = {"distinct_marker": "\0distinct", "repeated_marker": "\0repeated",
-               "digits": lambda s: None}
-    assert shapes.shape_under([], p._tree, p._list_nodes, **markers) is None
-    big = deployment()
-    big["metadata"]["labels"] = {f"k{i}": "v" for i in range(shapes.MAX_NODES)}
-    assert shapes.shape_under(big, p._tree, p._list_nodes, **markers) is None
-    star = Projection(["metadata.labels.*"], interner=Interner())
-    assert shapes.shape_under(deployment(), star._tree, star._list_nodes, **markers) is None
-
-
-def test_learning_slows_down_where_shapes_keep_changing():
-    learned = shapes.LearnedShapes()
-    misses = shapes.LEARN_FREELY + 10 * shapes.LEARN_EVERY
-    looked = sum(learned.should_learn() for _ in range(misses))
-    assert looked == shapes.LEARN_FREELY + 10
-    learned.hits = 2 * learned.misses             # shapes that match: learn freely again
-    assert all(learned.should_learn() for _ in range(5))
-
-
-def test_a_shape_is_forgotten_once_newer_ones_fill_the_table():
-    learned = shapes.LearnedShapes()
-    for n in range(shapes.MAX_SHAPES + 2):
-        learned.learn(n)
-    assert learned.known == tuple(range(shapes.MAX_SHAPES + 1, 1, -1))
-
-
-def test_an_extractor_whose_leaf_count_differs_from_the_walks_is_not_learned(monkeypatch):
-    from k8s_http import projection as projection_module
-    real = projection_module.compile_extractor
-    monkeypatch.setattr(projection_module, "compile_extractor",
-                        lambda *args, **kw: (real(*args, **kw)[0], -1))
-    p = projection()
-    for name in "abc":
-        assert unpack(p.pack(deployment(name))) == p(deployment(name))
-    assert p._shapes.known == ()
+def test_no_generated_source_holds_anything_from_the_objects(monkeypatch):
+    """Keys, values and declarations that look like code are data: every source
+    the generator compiles is made of local names, integer literals and operators,
+    whatever the objects and the declaration hold. The only exec in the package
+    is the generator's own."""
+    import re
+    from k8s_http.packed import pack, unpack
+    sources = []
+    real = packcode._compile
+    monkeypatch.setattr(packcode, "_compile",
+                        lambda text, kind, builtins: sources.append(text) or
+                        real(text, kind, builtins))
+    hostile = "__import__('os').system('x')"
+    obj = {"metadata": {"name": hostile, "namespace": "n", "labels": {hostile: hostile}},
+           hostile: {"k\n'\"": [hostile, 1]}, "spec": {"replicas": hostile}}
+    p = Projection(["metadata.name", "metadata.labels", ("spec", "replicas"),
+                    (hostile, "k\n'\"")], interner=Interner())
+    assert unpack(p.pack(obj)) == p(obj)
+    assert unpack(pack(obj)) == obj
+    assert sources
+    for text in sources:
+        assert hostile not in text and "os" not in re.findall(r"[A-Za-z_]+", text)
+        assert not re.search(r"['\"]", text), text           # no string literal at all
+    package = pathlib.Path(packcode.__file__).parent
+    callers = sorted(f.name for f in package.glob("*.py")
+                     if re.search(r"\b(exec|eval)\(", f.read_text()))
+    assert callers == ["packcode.py"]
