@@ -1,6 +1,6 @@
 """my-controller: turns each `My` (mine.jp/v1) into a Deployment and a Service.
 
-The contract is SPEC.md §1-3. In short, for a `My` named N in namespace NS the
+The contract is docs/SPEC.md §1-3. In short, for a `My` named N in namespace NS the
 operator keeps, by server-side apply (field manager ``my-controller``, force):
 
   * Deployment N: our three labels, a selector on two of them, `replicas`, one

@@ -4,7 +4,7 @@ A watch that sends no complete event for `WATCH_STALL_TIMEOUT_SECONDS` is
 presumed dead and reconnected: the apiserver sends a bookmark about every
 60 s on a quiet watch, so 90 s of silence means the stream (or the peer) is
 gone. One watch line larger than `MAX_WATCH_LINE_BYTES` abandons the stream
-(RELIABILITY.md: the decoder's buffer is bounded, whatever the server sends).
+(docs/SPEC.md, "Malformed bytes": the decoder's buffer is bounded, whatever the server sends).
 """
 
 __all__ = ["WATCH_STALL_TIMEOUT_SECONDS", "MAX_WATCH_LINE_BYTES"]

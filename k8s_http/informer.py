@@ -100,7 +100,7 @@ class Informer:
     least every 60 s (the backoff cap, jittered). What a restart does not cure, an
     apiserver outage or a missing RBAC rule, must not fail liveness: the kubelet
     would throw away the warm cache and the process would not "stay up" as
-    RELIABILITY.md asks. Those show up in /readyz (until the first list) and in
+    docs/SPEC.md asks. Those show up in /readyz (until the first list) and in
     k8s_http_watch_restarts_total. A watch that stalls on every reconnect is
     different: the connection works, the data never comes, and nothing suggests
     it ever will (a wedged apiserver watch cache, a proxy that buffers); a new

@@ -105,7 +105,7 @@ MAX_WATCH_TIMEOUT_SECONDS = 600
 # complete event means the connection is dead even if the socket says otherwise.
 STALL_TIMEOUT_SECONDS = WATCH_STALL_TIMEOUT_SECONDS
 # /healthz fails once a watch has gone this many stall periods in a row
-# without progress while its connections succeed (SPEC.md section 4).
+# without progress while its connections succeed (docs/SPEC.md §4).
 STALLS_UNHEALTHY = 3
 # A streaming list that stalls this many times in a row falls back to paged
 # lists (fewer than STALLS_UNHEALTHY: an apiserver that ignores streaming and

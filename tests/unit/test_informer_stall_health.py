@@ -3,7 +3,7 @@
 A scripted client hands the informer's watcher one outcome per watch request
 (a stream that goes silent for the stall timeout, a refused connection, a 5xx,
 a 403, an event, ...) and the test reads the informer's health between them.
-The rule (SPEC.md section 4, RELIABILITY.md): three stall periods in a row
+The rule (docs/SPEC.md §4 and "Faults"): three stall periods in a row
 without an event, bookmark or list fail liveness; an apiserver that refuses
 connections or answers 5xx/403 never does, however long it lasts.
 """

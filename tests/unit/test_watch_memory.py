@@ -1,4 +1,4 @@
-"""Oversized and malformed watch lines leave memory where it was (RELIABILITY.md item 7).
+"""Oversized and malformed watch lines leave memory where it was (docs/SPEC.md, "Malformed bytes" item 7).
 
 The cyclic garbage collector is disabled for each test: what is freed must be
 freed by reference counting alone, the moment the error is dropped. A decoder

@@ -1,6 +1,6 @@
 """The sans-I/O watch decoders, fed whole and one byte at a time.
 
-Covers RELIABILITY.md "Malformed bytes from the wire", the decoding part of
+Covers docs/SPEC.md "Malformed bytes from the wire", the decoding part of
 items 1-15. No sockets, no sleeps. Every malformed input is fed through the
 `feeding` fixture: once whole and once one byte at a time, and the outcome
 must be the same.
