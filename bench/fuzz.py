@@ -14,9 +14,10 @@ Targets (RELIABILITY.md, "Malformed bytes from the wire"):
               events are drained an unfinished line is never over the cap
   events      client.WatchStream over the de-framed body, each event and each
               failure (ERROR events become ApiErrors) stepped through the watcher's
-              state machine (watcher.step, failure): the typed errors WatchStream
+              state machine (watcher.step, failure), and the failure formatted as
+              the watcher logs it (JSON and text): the typed errors WatchStream
               documents (ApiError, ProtocolError, ApiConnectionError) may escape
-              the stream; nothing may escape the machine
+              the stream; nothing may escape the machine or the log formatting
   kubeconfig  kubeconfig.read_kubeconfig on the input as a kubeconfig file (in a
               private directory with a token file and an exec plugin beside it):
               only ConfigError may escape
@@ -41,7 +42,9 @@ import argparse
 import datetime as dt
 import fcntl
 import hashlib
+import io
 import json
+import logging
 import os
 import platform
 import re
@@ -228,6 +231,7 @@ def _targets():
         from k8s_http.credentials import ExecCredential
         from k8s_http.errors import ApiConnectionError, ApiError, ProtocolError
         from k8s_http.kubeconfig import read_kubeconfig
+        from k8s_http.log import setup_logging
         from k8s_http.watchproto import ChunkedDecoder, ChunkedFramingError, LineDecoder, \
             WatchDecodeError
 
@@ -296,6 +300,18 @@ def _targets():
             failed = watcher.failure(err)
             for state in states:
                 watcher.step(state, failed)
+            # Logged as the watcher logs a restart; its text is the server's (RELIABILITY.md
+            # 11: a lone surrogate must not break a log line). A handler would swallow an
+            # error in emit(), so its filters and format are called here directly.
+            for handler in log_handlers:
+                record = logging.LogRecord("k8s_http.watcher", logging.WARNING, __file__, 0,
+                                           "%s: watch restarting (%s: %s)",
+                                           ("pods", failed.reason, err), (type(err), err, None))
+                if handler.filter(record):
+                    handler.format(record)
+
+    log_handlers = [setup_logging("debug", fmt, stream=io.StringIO()) for fmt in ("json", "text")]
+    logging.getLogger().handlers.clear()     # nothing is written: the handlers are called above
 
     def relisted(state):
         """A Listing state takes no events: the loop lists first (here: an empty list)."""
