@@ -58,8 +58,25 @@ PROMTOOL := $(or $(shell command -v promtool 2>/dev/null),$(PROMTOOL_CACHE)/prom
 $(PROMTOOL_CACHE)/promtool:
 	@tests/support/fetch_promtool.sh $(PROMTOOL_CACHE) >/dev/null
 
-test: $(VENV)/.installed testbin $(HADOLINT) $(PROMTOOL) $(IMAGE_ARCHIVE) ## unit + integration + e2e suites (what CI runs)
-	PROMTOOL=$(PROMTOOL) $(VENV)/bin/python -m pytest -q -p no:cacheprovider
+# helm v4 for the chart tests (tests/unit/test_chart.py, tests/e2e/test_helm.py):
+# built from the Go module proxy into ~/.cache/my-controller/tools, once per
+# version (a few minutes, progress shown).
+HELM_VERSION := v4.3.2
+TOOLS_CACHE := $(HOME)/.cache/my-controller/tools
+HELM := $(TOOLS_CACHE)/helm-$(HELM_VERSION)/helm
+$(HELM):
+	@HELM_VERSION=$(HELM_VERSION) tests/support/fetch_helm.sh $(TOOLS_CACHE) >/dev/null
+
+.PHONY: helm chart
+helm: $(HELM) ## build helm (v4, for the chart tests) into ~/.cache, once
+	@echo $(HELM)
+
+chart: ## copy the CRD and the alerts from manifests/ into charts/my-controller
+	cp manifests/base/crd.yaml charts/my-controller/crds/my.mine.jp.yaml
+	cp manifests/components/monitoring/alerts/prometheusrule.yaml charts/my-controller/files/prometheusrule.yaml
+
+test: $(VENV)/.installed testbin $(HADOLINT) $(PROMTOOL) $(HELM) $(IMAGE_ARCHIVE) ## unit + integration + e2e suites (what CI runs)
+	PROMTOOL=$(PROMTOOL) HELM=$(HELM) $(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 demo: $(VENV)/.installed ## run the operator: local control plane (or $$KUBECONFIG), manifests, sample; Ctrl-C ends
 	$(VENV)/bin/python -m tests.support.demo
