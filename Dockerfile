@@ -27,7 +27,8 @@ COPY k8s_http/ k8s_http/
 #    dpkg database, no maintainer scripts: what mmdebstrap --variant=extract does);
 # 2. the hash-pinned wheels, installed by the builder's pip into the root;
 # 3. image/assemble.sh: the rest, identical to `make image` (needs chroot, which
-#    Docker and Kaniko allow a root build step by default).
+#    Docker and Kaniko allow a root build step by default), with the dpkg
+#    status.d entries scanners read written from the same .debs.
 # The builder's own pip is Debian's, pinned too. (apt-get download writes to the
 # working directory. Plain POSIX sh, no pipes: podman's OCI-format builds ignore
 # SHELL, so the step must not depend on it.)
@@ -42,7 +43,7 @@ RUN apt-get update \
         --no-deps --no-compile --only-binary=:all: --require-hashes \
         --target /rootfs/usr/lib/python3/dist-packages -r /src/image/requirements.lock \
     && rm -rf /rootfs/usr/lib/python3/dist-packages/bin /var/lib/apt/lists/* \
-    && /src/image/assemble.sh /rootfs /src
+    && /src/image/assemble.sh /rootfs /src /debs/*.deb
 
 FROM scratch
 COPY --from=builder /rootfs/ /

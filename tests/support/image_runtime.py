@@ -70,15 +70,17 @@ class UnpackedImage:
     gid: int
 
     @classmethod
-    def from_archive(cls, archive: pathlib.Path, workdir: pathlib.Path) -> "UnpackedImage":
-        """`umoci unpack` of the one image in an OCI archive (podman save --format oci-archive)."""
+    def from_archive(cls, archive: pathlib.Path, workdir: pathlib.Path,
+                     platform: str = "linux/amd64") -> "UnpackedImage":
+        """`umoci unpack` of the image for `platform` in an OCI archive: a single
+        image (podman save --format oci-archive) or an image index (make image)."""
         umoci = shutil.which("umoci")
         assert umoci, "umoci is missing: `make image-tools` installs it"
         layout, bundle = workdir / "oci", workdir / "bundle"
         layout.mkdir(parents=True)
         subprocess.run(["tar", "-C", str(layout), "-xf", str(archive)], check=True)
-        (manifest,) = json.loads((layout / "index.json").read_text())["manifests"]
-        ref = manifest["annotations"]["org.opencontainers.image.ref.name"]
+        (descriptor,) = select_platform(layout, platform)
+        ref = descriptor["annotations"]["org.opencontainers.image.ref.name"]
         proc = subprocess.run([umoci, "unpack", "--image", f"{layout}:{ref}", str(bundle)],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"umoci unpack failed: {proc.stderr}"
@@ -95,6 +97,24 @@ class UnpackedImage:
             assert not path.is_symlink(), f"{path} is a symlink in the image"
             path.mkdir(mode=0o755, exist_ok=True)
         return path
+
+
+def blob(layout: pathlib.Path, digest: str) -> dict:
+    return json.loads((layout / "blobs" / digest.replace(":", "/")).read_text())
+
+
+def select_platform(layout: pathlib.Path, platform: str) -> list[dict]:
+    """Point the layout's index.json at the image for `platform` (os/arch) alone,
+    named by its platform, when it names an image index; return its descriptors."""
+    index_json = layout / "index.json"
+    (top,) = json.loads(index_json.read_text())["manifests"]
+    if top["mediaType"] == "application/vnd.oci.image.index.v1+json":
+        found = [m for m in blob(layout, top["digest"])["manifests"]
+                 if f"{m['platform']['os']}/{m['platform']['architecture']}" == platform]
+        assert len(found) == 1, f"{len(found)} images for {platform} in the index"
+        top = {**found[0], "annotations": {"org.opencontainers.image.ref.name": platform}}
+        index_json.write_text(json.dumps({"schemaVersion": 2, "manifests": [top]}))
+    return [top]
 
 
 def _die_with_parent() -> None:
