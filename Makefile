@@ -116,6 +116,14 @@ image-tools: ## podman, mmdebstrap, umoci from Debian's mirrors (only those miss
 $(IMAGE_ARCHIVE): $(IMAGE_INPUTS) | $(VENV)/.installed image-tools
 	$(SUDO) PIP=$(VENV)/bin/pip image/build.sh build
 
+# syft (Anchore's SBOM scanner) for tests/e2e/test_image_scan.py: built from the
+# Go module proxy into ~/.cache/my-controller/tools once per version (progress shown).
+SYFT_VERSION := v1.57.2
+SYFT := $(HOME)/.cache/my-controller/tools/syft-$(SYFT_VERSION)/syft
+$(SYFT):
+	@tests/support/fetch_syft.sh $(HOME)/.cache/my-controller/tools $(SYFT_VERSION) >/dev/null
+test: $(SYFT)
+
 image: $(IMAGE_ARCHIVE) ## build the distroless image (linux/amd64 + arm64 index, SBOM) with podman, no Docker
 	@cat build/image.txt
 
