@@ -1,14 +1,16 @@
 """The Helm chart on a real apiserver: install, run, upgrade, uninstall.
 
-`helm install` puts the chart into a namespace it makes (namespace.name), under
-a name prefix (namePrefix) so its cluster-scoped roles stand beside the other
-tests' `kubectl apply -k manifests/`. The operator then runs as a local process
-(no kubelet runs the image here) with the args of the Deployment Helm applied,
-under a token of the chart's ServiceAccount, watching the test's namespace: it
-must lead (the Lease in the chart's namespace), bring a My to Available, and
-get no 403. `helm upgrade` changes the Deployment and the operator runs again
-with its new args; `helm uninstall` removes what the chart made but the CRD
-(Helm never deletes crds/), so the My survives it.
+`helm install --wait` puts the chart into a namespace it makes (namespace.name),
+under a name prefix (namePrefix) so its cluster-scoped roles stand beside the
+other tests' `kubectl apply -k manifests/`, and sees its Deployment Available
+(kwok's Pods, admitted under the restricted Pod Security level the Namespace
+enforces). The operator then runs as a local process (kwok runs no image) with
+the args of the Deployment Helm applied, under a token of the chart's
+ServiceAccount, watching the test's namespace: it must lead (the Lease in the
+chart's namespace), bring a My to Available, and get no 403. `helm upgrade`
+changes the Deployment and the operator runs again with its new args; `helm
+uninstall` removes what the chart made but the CRD (Helm never deletes
+crds/), so the My survives it.
 """
 
 from __future__ import annotations
@@ -74,8 +76,13 @@ def test_helm_install_runs_upgrades_and_uninstalls(control_plane, api, namespace
     values = ["--set", f"namespace.name={install_ns}", "--set", f"namePrefix={prefix}"]
     installed = False
     try:
-        run_helm(helm, home, "install", release, str(CHART), *common, *values)
+        # --wait: Helm itself sees the Deployment Available. Its Pod (kwok's, on a fake
+        # Node) is admitted by the restricted Pod Security level the chart's Namespace enforces.
+        run_helm(helm, home, "install", release, str(CHART), *common, *values,
+                 "--wait", "--timeout", "120s")
         installed = True
+        deployment = api.get(DEPLOYMENTS, f"{prefix}my-controller", namespace=install_ns)
+        assert deployment["status"].get("readyReplicas") == 1, deployment["status"]
         kubectl(control_plane, "wait", "--for", "condition=established", "crd/my.mine.jp",
                 "--timeout=60s")
         ns = api.get(NAMESPACES, install_ns)
@@ -89,9 +96,11 @@ def test_helm_install_runs_upgrades_and_uninstalls(control_plane, api, namespace
 
         # -- upgrade: new values reach the Deployment, and the binary takes its new args
         run_helm(helm, home, "upgrade", release, str(CHART), *common, *values,
-                 "--set", "replicas=2", "--set", "logLevel=debug", "--set", "workers=2")
+                 "--set", "replicas=2", "--set", "logLevel=debug", "--set", "workers=2",
+                 "--wait", "--timeout", "120s")
         deployment = api.get(DEPLOYMENTS, f"{prefix}my-controller", namespace=install_ns)
         assert deployment["spec"]["replicas"] == 2
+        assert deployment["status"].get("readyReplicas") == 2, deployment["status"]
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert {"--log-level=debug", "--workers=2"} <= set(container["args"])
         status = yaml.safe_load(run_helm(helm, home, "status", release, *common,

@@ -143,8 +143,8 @@ def test_secure_metrics_render_the_secure_overlay(template, kubectl, tmp_path): 
 
 
 @pytest.mark.parametrize("secure", [False, True])
-def test_a_moved_install_with_monitoring_renders_the_platform_overlay(template, kubectl,  # noqa: F811
-                                                                      tmp_path, secure):
+def test_a_moved_install_with_monitoring_renders_the_overlay(template, kubectl,  # noqa: F811
+                                                             tmp_path, secure):
     """namespace.name and namePrefix as an overlay's namespace: and namePrefix:,
     with the ServiceMonitor and the alerts (secure: the HTTPS ServiceMonitor,
     its serverName derived by the transformer)."""
