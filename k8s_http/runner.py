@@ -342,9 +342,12 @@ class Runner:
             # controller-runtime's message and keys: the reconcile context
             # (controller, namespace, name, reconcileID) is on the line, the
             # exception is in `error` and `stacktrace`.
+            # No traceback: a terminal error is a verdict on the object (an unusable
+            # spec, a name taken), not a fault in the code; its message says it all.
             (logger.debug if err.quiet else logger.error)(
-                "Reconciler error", exc_info=err,
-                extra={"retry": False, "reconcileID": reconcile_id})
+                "Reconciler error",
+                extra={"error": str(err) or type(err).__name__, "retry": False,
+                       "reconcileID": reconcile_id})
             return
         if is_panic(err):
             self._m_panics.inc()

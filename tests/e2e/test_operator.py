@@ -3,9 +3,9 @@
 The operator authenticates as its own ServiceAccount (a bound token minted
 through the TokenRequest API), so the RBAC in manifests/base/rbac.yaml is what is
 tested: any verb it lacks shows up as a 403 in its log and its metrics.
-Pods never run (there is no kubelet), which is why most Mys here ask for 0
-replicas: their Deployments become Available as soon as the Deployment
-controller has looked at them.
+Pods run on the plane's fake Nodes (kwok), Ready at once; most Mys here still
+ask for 0 replicas, as their Deployments are then Available as soon as the
+Deployment controller has looked at them (tests/e2e/test_pods.py is about Pods).
 
 The operator runs once for the module. Each test uses its own namespace (the
 `namespace` fixture), except the sample, which lives in `default` as shipped.
@@ -182,6 +182,10 @@ def events_for(api, name, namespace) -> list[dict]:
 
 
 def test_sample_gets_its_deployment_and_service(operator, installed, api):
+    # As the README says: the Secret first (the sample only names it), then the sample.
+    kubectl(installed, "apply", "-f", "-", input=kubectl(
+        installed, "create", "secret", "generic", "foobar-db", "-n", "default",
+        "--from-literal=password=e2e-only", "--dry-run=client", "-o", "yaml").stdout)
     kubectl(installed, "apply", "-k", str(MANIFESTS / "samples"))
     try:
         my = eventually(lambda: (get_or_none(api, MY, "foobar", "default") or {}).get("status"),
@@ -204,7 +208,8 @@ def test_sample_gets_its_deployment_and_service(operator, installed, api):
         (container,) = dep["spec"]["template"]["spec"]["containers"]
         assert container["name"] == "app" and container["image"] == "postgres:16"
         assert container["ports"] == [{"containerPort": 5432, "protocol": "TCP"}]
-        assert container["env"] == [{"name": "POSTGRES_PASSWORD", "value": "example-only"}]
+        assert container["env"] == [{"name": "POSTGRES_PASSWORD", "valueFrom": {
+            "secretKeyRef": {"name": "foobar-db", "key": "password"}}}]
         assert container["resources"] == {"requests": {"cpu": "100m"},
                                           "limits": {"memory": "256Mi"}}
 
@@ -216,19 +221,19 @@ def test_sample_gets_its_deployment_and_service(operator, installed, api):
         (port,) = svc["spec"]["ports"]
         assert (port["port"], port["targetPort"], port["protocol"]) == (5432, 5432, "TCP")
 
-        # No kubelet: the pod never becomes ready, so the My is Progressing.
-        my = wait_reason(api, "foobar", "default", "Progressing")
+        # Its Pod runs on a fake Node: the My is Available.
+        my = wait_reason(api, "foobar", "default", "Available")
         status = my["status"]
         assert status["observedGeneration"] == my["metadata"]["generation"]
         assert status["selector"] == "app.kubernetes.io/instance=foobar,app.kubernetes.io/name=my"
-        assert status["readyReplicas"] == 0
+        assert status["readyReplicas"] == 1
         cond = get_condition(my, "Ready")
-        assert cond["status"] == "False" and cond["lastTransitionTime"]
+        assert cond["status"] == "True" and cond["lastTransitionTime"]
         # printer columns and the scale subresource
         table = kubectl(installed, "get", "my", "foobar", "-n", "default").stdout
         assert table.split("\n")[0].split() == ["NAME", "IMAGE", "DESIRED", "READY", "STATUS",
                                                 "AGE"]
-        assert "postgres:16" in table and "Progressing" in table
+        assert "postgres:16" in table and "Available" in table
         scale = kubectl(installed, "get", "--raw",
                         "/apis/mine.jp/v1/namespaces/default/my/foobar/scale").stdout
         assert '"selector":"app.kubernetes.io/instance=foobar,app.kubernetes.io/name=my"' in scale
@@ -239,6 +244,8 @@ def test_sample_gets_its_deployment_and_service(operator, installed, api):
             ("Created", "Created Deployment foobar and Service foobar")]
     finally:
         kubectl(installed, "delete", "-k", str(MANIFESTS / "samples"), "--wait=false",
+                check=False)
+        kubectl(installed, "delete", "secret", "foobar-db", "-n", "default", "--wait=false",
                 check=False)
 
 
@@ -255,8 +262,12 @@ def test_zero_replicas_is_available_and_scale_works(operator, installed, api, na
     kubectl(installed, "scale", "my/zero", "-n", namespace, "--replicas=2")
     eventually(lambda: api.get(DEPLOYMENTS, "zero", namespace=namespace)["spec"]["replicas"] == 2,
                timeout=TIMEOUT, interval=0.1)
-    my = wait_reason(api, "zero", namespace, "Progressing")
-    assert my["status"]["observedGeneration"] == 2
+    # The two Pods run on the fake Nodes: Available again, at the new generation.
+    def scaled():
+        my = wait_reason(api, "zero", namespace, "Available")
+        assert my["status"]["observedGeneration"] == 2 and my["status"]["readyReplicas"] == 2
+        return my
+    my = eventually(scaled, timeout=TIMEOUT, interval=0.1)
     assert get_condition(my, "Ready")["lastTransitionTime"] >= first["lastTransitionTime"]
 
 
