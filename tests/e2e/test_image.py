@@ -67,15 +67,16 @@ def image(tmp_path_factory) -> UnpackedImage:
     return unpacked
 
 
-def service_account_files(control_plane, tmp_path) -> tuple[pathlib.Path, str]:
+def service_account_files(control_plane, tmp_path, namespace: str = SYSTEM_NS,
+                          name: str = SA) -> tuple[pathlib.Path, str]:
     """The directory a kubelet projects: token (TokenRequest, bound), ca.crt, namespace."""
     token = kubeconfig_token(control_plane.mint_service_account_kubeconfig(
-        SYSTEM_NS, SA, tmp_path / "sa.kubeconfig"))
+        namespace, name, tmp_path / "sa.kubeconfig"))
     directory = tmp_path / "serviceaccount"
     directory.mkdir(mode=0o755)
     (directory / "token").write_text(token)
     (directory / "ca.crt").write_bytes((control_plane.pki_dir / "ca.crt").read_bytes())
-    (directory / "namespace").write_text(SYSTEM_NS)
+    (directory / "namespace").write_text(namespace)
     for path in directory.iterdir():          # a projected volume's defaultMode
         path.chmod(0o644)
     directory.chmod(0o755)
