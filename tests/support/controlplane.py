@@ -761,8 +761,11 @@ class ControlPlane:
             self._ask_supervisor(signal.SIGUSR1,
                                  lambda s: s["processes"]["kube-apiserver"].get("pid") is None)
             return
+        self._kill_local("kube-apiserver", sig, "apiserver-down")
+
+    def _kill_local(self, name: str, sig: int, state: str) -> None:
         with self._lock:
-            proc = self._procs.pop("kube-apiserver", None)
+            proc = self._procs.pop(name, None)
             if proc is None:
                 return
             try:
@@ -773,7 +776,7 @@ class ControlPlane:
                 proc.wait()
             else:
                 _terminate(proc.pid, grace_seconds=STOP_GRACE_SECONDS, proc=proc)
-            self._write_state("apiserver-down")
+            self._write_state(state)
 
     def start_apiserver(self) -> float:
         """Start kube-apiserver again with the same flags; returns seconds to /readyz."""
@@ -799,6 +802,32 @@ class ControlPlane:
                 if proc.poll() is None:
                     _terminate(proc.pid, grace_seconds=2, proc=proc)
                 raise
+            self._write_state("ready")
+            return time.monotonic() - t0
+
+    def kill_process(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill one process of the plane by name (e.g. "etcd"); its data stays on disk."""
+        if name == "kube-apiserver" or self._supervisor_pid:
+            if name != "kube-apiserver":
+                raise ControlPlaneError("an attached plane can only kill kube-apiserver")
+            return self.kill_apiserver(sig)
+        self._kill_local(name, sig, f"{name}-down")
+
+    def start_process(self, name: str) -> float:
+        """Start a process killed by kill_process again, same flags and data (etcd keeps
+        its data dir: --initial-cluster-state is ignored once it holds a member);
+        returns seconds until it serves."""
+        if name == "kube-apiserver" or self._supervisor_pid:
+            if name != "kube-apiserver":
+                raise ControlPlaneError("an attached plane can only start kube-apiserver")
+            return self.start_apiserver()
+        ready = {"etcd": lambda: _etcd_healthy(self.etcd_port)}.get(name, lambda: True)
+        with self._lock:
+            if name in self._procs:
+                raise ControlPlaneError(f"{name} is already running")
+            t0 = time.monotonic()
+            self._spawn(name, self._argv[name])
+            self._wait(name, ready, ETCD_READY_TIMEOUT_SECONDS)
             self._write_state("ready")
             return time.monotonic() - t0
 

@@ -28,6 +28,9 @@ stream faults (one open watch, of `resource` if given):
   bad_chunk   an invalid chunk-size line       (malformed lines, one each)
 refuse(seconds): the listening socket is closed and every client connection cut;
   it reopens on the same port afterwards.
+partition(seconds): a network partition: nothing is relayed either way for `seconds`
+  (requests and watch lines wait, connections are accepted but not answered), then
+  everything held flows again, as TCP would deliver it once the network heals.
 
 An upstream that cannot be reached (the apiserver killed) cuts the client
 connection, as a load balancer with no backend would.
@@ -174,6 +177,7 @@ class FaultProxy:
         self._clients: set[socket.socket] = set()        # guarded by _lock
         self._listener: socket.socket | None = None
         self._refusing_until = 0.0
+        self._partitioned_until = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.injected: collections.Counter = collections.Counter()
@@ -249,6 +253,22 @@ class FaultProxy:
         self._cut_clients()
         self.injected["refuse"] += 1
 
+    def partition(self, seconds: float) -> None:
+        """Drop everything for `seconds`: no byte relayed either way, nothing answered."""
+        self._partitioned_until = time.monotonic() + seconds
+        self.injected["partition"] += 1
+
+    def _partitioned(self) -> bool:
+        return time.monotonic() < self._partitioned_until
+
+    def _hold_while_partitioned(self, sock: socket.socket) -> bool:
+        """Wait out a partition; False if the client hung up meanwhile."""
+        while self._partitioned() and not self._stop.is_set():
+            if _hung_up(sock):
+                return False
+            time.sleep(_POLL_SECONDS)
+        return True
+
     # ---- internals --------------------------------------------------------
 
     def _take(self, kinds: tuple[str, ...], resource: str, ok=lambda a: True) -> _Armed | None:
@@ -323,6 +343,8 @@ class FaultProxy:
                     return
                 resource = req.resource()
                 self.requests[f"{req.method} {resource}{' watch' if req.watch else ''}"] += 1
+                if not self._hold_while_partitioned(sock):
+                    return
                 if self._answer_fault(sock, req, resource):
                     continue
                 lost = req.method in _WRITES and self._take(("lost_answer",), resource)
@@ -342,6 +364,8 @@ class FaultProxy:
                     return
                 if lost:
                     _reset(sock)              # done upstream; the answer never arrives
+                    return
+                if not self._hold_while_partitioned(sock):
                     return
                 self._send_response(sock, resp.status, resp.reason, resp.getheaders(), body)
                 if resp.will_close:
@@ -421,6 +445,9 @@ class FaultProxy:
                 # cut by refuse()). Such a relay must not take the next fault.
                 if _hung_up(sock):
                     return
+                if self._partitioned():       # lines wait upstream (queued) until it heals
+                    time.sleep(_POLL_SECONDS)
+                    continue
                 armed = self._take(STREAM_FAULTS, resource)
                 if armed is not None:
                     self.last_before_fault[resource] = last_line
