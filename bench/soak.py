@@ -241,12 +241,12 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def check(client) -> dict:
+def check(client, namespace: str = NAMESPACE) -> dict:
     """Every My converged? (Deployment env == spec env, a Service, status of this generation)."""
-    mys = client.list(MY, namespace=NAMESPACE)["items"]
+    mys = client.list(MY, namespace=namespace)["items"]
     deployments = {d["metadata"]["name"]: d
-                   for d in client.list(DEPLOYMENTS, namespace=NAMESPACE)["items"]}
-    services = {s["metadata"]["name"] for s in client.list(SERVICES, namespace=NAMESPACE)["items"]}
+                   for d in client.list(DEPLOYMENTS, namespace=namespace)["items"]}
+    services = {s["metadata"]["name"] for s in client.list(SERVICES, namespace=namespace)["items"]}
     not_converged, lost, missing = [], [], []
     for my in mys:
         name = my["metadata"]["name"]
@@ -318,6 +318,16 @@ def audit_figures(audit_path: Path, stable: list[str], repairs: int) -> dict:
     }
 
 
+def proxied_namespace(cluster: BenchCluster, namespace: str, work: Path
+                      ) -> tuple[FaultProxy, Path]:
+    """The CRD and `namespace` on the cluster, and a fault proxy in front of its apiserver
+    with a kubeconfig for the operator (work/operator.kubeconfig)."""
+    cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
+    cluster.create_namespace(namespace)
+    proxy = FaultProxy(cluster.plane.server, cluster.plane.admin_ssl_context()).start()
+    return proxy, proxy.write_kubeconfig(work / "operator.kubeconfig", namespace)
+
+
 def run(args: argparse.Namespace) -> dict:
     meta = _meta(args)          # at the start: the code that ran, not what HEAD is at the end
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="my-controller-soak-"))
@@ -330,10 +340,7 @@ def run(args: argparse.Namespace) -> dict:
     load = None
     try:
         plane = cluster.plane
-        cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
-        cluster.create_namespace(NAMESPACE)
-        proxy = FaultProxy(plane.server, plane.admin_ssl_context()).start()
-        kubeconfig = proxy.write_kubeconfig(work / "operator.kubeconfig", NAMESPACE)
+        proxy, kubeconfig = proxied_namespace(cluster, NAMESPACE, work)
         operator = OurOperator(kubeconfig, NAMESPACE, work, workers=args.workers,
                                python=sys.executable)
         operator.start("soak")
