@@ -11,6 +11,7 @@ configuration and configures no logging.
 """
 
 from .applydiff import config_hash, needs_apply, port_key, with_config_hash
+from .cli import flag_error, run_manager
 from .client import ApiClient
 from .config import ClusterConfig, ConfigError, load_config
 from .errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeoutError,
@@ -22,6 +23,7 @@ from .events import EventRecorder
 from .flags import (add_manager_flags, manager_options, new_parser, parse_duration, positive_int,
                     with_flag_names)
 from .log import setup_logging
+from .memo import GenerationMemo
 from .manager import VERSION as __version__
 from .manager import Manager
 from .names import (is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_env_var_name,
@@ -31,16 +33,20 @@ from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES,
                       add_finalizer, controller_of, get_condition, has_finalizer,
                       is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
                       resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
-from .podstatus import pod_problem
+from .podstatus import PodCheckSchedule, pod_problem
 from .projection import DroppedFieldRead, Projection
 from .quantity import parse_quantity, same_quantity
 from .runner import Result, TerminalError, current_work, queued_seconds
+from .settled import SettledVersions
+from .statushold import StatusHold
 from .store import Store
 from .watchproto import WatchEvent
+from .writethrough import write_through
 
 __all__ = [
     "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",
-    "current_work", "pod_problem",
+    "current_work", "pod_problem", "PodCheckSchedule",
+    "StatusHold", "SettledVersions", "GenerationMemo", "write_through",
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     "ApiError", "BadRequestError", "UnauthorizedError", "ForbiddenError", "NotFoundError",
     "ConflictError", "AlreadyExistsError", "GoneError", "InvalidError",
@@ -58,5 +64,5 @@ __all__ = [
     "is_resource_name",
     "setup_logging", "EventRecorder", "Projection", "DroppedFieldRead",
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
-    "with_flag_names",
+    "with_flag_names", "flag_error", "run_manager",
 ]

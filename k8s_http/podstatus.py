@@ -13,14 +13,19 @@ rollout the new Pods are the ones a user waits for):
   * the scheduler's refusal (the PodScheduled condition False, Unschedulable).
 
 Pure: the caller lists the Pods (a bounded, label-selected read) and decides
-when that is worth a request.
+when that is worth a request. `PodCheckSchedule` is one such decision: a first
+read some seconds after a workload was first seen unready (so the seconds Pods
+take to start cost no read), then reads at doubling intervals up to a maximum
+while it stays unready (a crash loop's restart count moves), and the cause the
+last read found in between (so a message does not flap).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Hashable, Iterable
 
-__all__ = ["pod_problem", "MAX_PROBLEM_CHARS"]
+__all__ = ["pod_problem", "MAX_PROBLEM_CHARS", "PodCheckSchedule"]
 
 # A Ready condition's message is shown by `kubectl get` and kept in etcd: a
 # kubelet message (an image pull error can carry a registry's whole answer) is
@@ -93,3 +98,49 @@ def _with_message(text: str, message: object) -> str:
 
 def _cut(text: str) -> str:
     return text if len(text) <= MAX_PROBLEM_CHARS else text[:MAX_PROBLEM_CHARS - 3] + "..."
+
+
+class PodCheckSchedule:
+    """When to read a workload's Pods again, per key, and what the last read found.
+
+    Time is injected. One worker at a time per key (the work queue's promise):
+    each key's entries have one writer.
+    """
+
+    def __init__(self, *, first_seconds: float = 5.0, max_seconds: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.first_seconds = first_seconds
+        self.max_seconds = max_seconds
+        self._clock = clock
+        self._checks: dict[Hashable, tuple[float, float]] = {}   # key -> (due, interval)
+        self._found: dict[Hashable, str | None] = {}             # key -> the last read's cause
+
+    def check(self, key: Hashable, read: Callable[[str | None], str | None]
+              ) -> tuple[str | None, float]:
+        """(the cause to report, seconds until the next read) while `key` is unready.
+
+        The first call starts the schedule and reads nothing; a call once the read
+        is due calls `read(last cause)` for the new cause (a read that fails
+        returns the last one) and doubles the interval, up to `max_seconds`."""
+        now = self._clock()
+        check = self._checks.get(key)
+        if check is None:
+            self._checks[key] = (now + self.first_seconds, self.first_seconds)
+            return None, self.first_seconds
+        due, interval = check
+        if now < due:
+            return self._found.get(key), due - now
+        self._found[key] = read(self._found.get(key))
+        interval = min(2 * interval, self.max_seconds)
+        self._checks[key] = (now + interval, interval)
+        return self._found.get(key), interval
+
+    def due_at(self, key: Hashable) -> float | None:
+        """clock() of `key`'s next read; None when it has no schedule."""
+        check = self._checks.get(key)
+        return None if check is None else check[0]
+
+    def stop(self, key: Hashable) -> None:
+        """`key` is ready, or gone: no more reads, and nothing to report."""
+        self._checks.pop(key, None)
+        self._found.pop(key, None)

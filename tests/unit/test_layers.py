@@ -17,17 +17,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 
 LAYERS = {
-    "errors": 0, "objects": 0, "defaults": 0, "quantity": 0, "names": 0, "podstatus": 0, "packcode": 0, "packed": 1, "allocator": 0, "gctuning": 0,
-    "projection": 2, "applydiff": 1, "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
+    "errors": 0, "objects": 0, "defaults": 0, "quantity": 0, "names": 0, "podstatus": 0, "statushold": 0, "packcode": 0, "packed": 1, "allocator": 0, "gctuning": 0,
+    "projection": 2, "applydiff": 1, "settled": 1, "memo": 1, "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
     "credentials": 2, "tls": 2, "urls": 2, "stream": 2, "flags": 2,
     "kubeconfig": 3,
     "config": 4,
     "transport": 5,
     "client": 6, "store": 6, "workqueue": 6,
     "watcher": 7, "leader": 7, "runner": 7, "events": 7, "authn": 7,
-    "informer": 8, "probes": 8,
+    "informer": 8, "probes": 8, "writethrough": 8,
     "deletionwatch": 9,
     "manager": 10,
+    "cli": 11,
 }
 
 THIRD_PARTY_ALLOWED = {"yaml", "prometheus_client"}
@@ -113,8 +114,11 @@ EXPECTED_API = [
     # running controllers
     "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",
     "current_work",
+    # reconcile policies: hold a status for an answer on its way, skip what is
+    # settled, remember renders per generation, read-your-writes
+    "StatusHold", "SettledVersions", "GenerationMemo", "write_through",
     # workloads
-    "pod_problem",
+    "pod_problem", "PodCheckSchedule",
     # talking to the apiserver
     "ApiClient", "load_config", "ClusterConfig", "ConfigError", "WatchEvent",
     # errors
@@ -142,5 +146,5 @@ EXPECTED_API = [
     "setup_logging", "EventRecorder",
     # command line: the standard manager flags
     "new_parser", "add_manager_flags", "manager_options", "parse_duration", "positive_int",
-    "with_flag_names",
+    "with_flag_names", "flag_error", "run_manager",
 ]

@@ -87,3 +87,48 @@ def test_the_line_is_bounded_and_malformed_status_is_ignored():
     junk = [None, "pod", {"metadata": None, "status": None},
             {"status": {"containerStatuses": [None, {"state": None}], "conditions": [3]}}]
     assert pod_problem(junk) is None
+
+
+# ---------------------------------------------------------------------------
+# PodCheckSchedule: when to read the Pods again, and what the last read found
+
+
+def test_pod_checks_start_with_a_wait_then_double_up_to_the_maximum():
+    from k8s_http import PodCheckSchedule
+    from tests.support.clock import FakeClock
+    clock = FakeClock()
+    checks = PodCheckSchedule(first_seconds=5.0, max_seconds=60.0, clock=clock)
+    reads = []
+
+    def read(last):
+        reads.append(last)
+        return f"cause {len(reads)}"
+    assert checks.check("k", read) == (None, 5.0) and reads == []
+    assert checks.due_at("k") == clock() + 5.0
+    clock.advance(2.0)
+    assert checks.check("k", read) == (None, 3.0) and reads == []      # not due yet
+    clock.advance(3.0)
+    assert checks.check("k", read) == ("cause 1", 10.0)
+    clock.advance(4.0)
+    assert checks.check("k", read) == ("cause 1", 6.0)                # the last cause stands
+    intervals = []
+    for _ in range(4):
+        clock.advance(checks.due_at("k") - clock())
+        intervals.append(checks.check("k", read)[1])
+    assert intervals == [20.0, 40.0, 60.0, 60.0]
+    assert reads == [None, "cause 1", "cause 2", "cause 3", "cause 4"]
+
+
+def test_a_failed_read_keeps_the_last_cause_and_stop_forgets_it():
+    from k8s_http import PodCheckSchedule
+    from tests.support.clock import FakeClock
+    clock = FakeClock()
+    checks = PodCheckSchedule(first_seconds=5.0, max_seconds=60.0, clock=clock)
+    checks.check("k", lambda last: "x")
+    clock.advance(5.0)
+    assert checks.check("k", lambda last: "OOMKilled")[0] == "OOMKilled"
+    clock.advance(10.0)
+    assert checks.check("k", lambda last: last)[0] == "OOMKilled"     # the read failed
+    checks.stop("k")
+    assert checks.due_at("k") is None
+    assert checks.check("k", lambda last: "x") == (None, 5.0)         # starts over
