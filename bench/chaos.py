@@ -34,6 +34,8 @@ import argparse
 import collections
 import datetime as dt
 import json
+import os
+import platform
 import re
 import sys
 import tempfile
@@ -267,21 +269,26 @@ def markdown(data: dict) -> str:
         f"down {s['down_seconds']:g} s; the partition lasts {s['partition_seconds']:g} s.",
         "",
         "| fault | recovered at (s into burst) | recovery → all converged | burst start → all "
-        "converged | writes / `My` (vs undisturbed) | object writes / `My` | lost updates | "
+        "converged | writes / `My` (vs undisturbed) | object writes / `My`, no Events or Leases "
+        "(vs undisturbed) | lost updates | "
         "duplicates (Deployments / Services) | not converged / missing / orphans |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         ratio = (f" ({r['writes_per_my'] / base['writes_per_my']:.2f}×)"
                  if base and base["writes_per_my"] else "")
+        object_ratio = (f" ({r['object_writes_per_my'] / base['object_writes_per_my']:.2f}×)"
+                        if base and base["object_writes_per_my"] else "")
         lines.append(
             f"| {r['fault']} | {r['timeline_s'].get('recovered', '')} | "
             f"**{r['recovery_to_all_converged_s']} s** | {r['burst_start_to_all_converged_s']} s | "
-            f"{r['writes_per_my']:.2f}{ratio} | {r['object_writes_per_my']:.2f} | "
+            f"{r['writes_per_my']:.2f}{ratio} | {r['object_writes_per_my']:.2f}{object_ratio} | "
             f"**{r['updates_lost']}** of {r['updates_made']} | "
             f"{r['duplicates']['deployments']} / {r['duplicates']['services']} | "
             f"{r['not_converged']} / {r['children_missing']} / {r['orphans']} |")
-    lines += ["", "Writes by kind per run:", ""]
+    lines += ["", "Writes are the operator's, from the apiserver's audit log, from the burst's "
+              "start until it stopped writing; the Lease renewals of the leader run are both "
+              "operators'. Writes by kind per run:", ""]
     for r in runs:
         lines.append(f"- {r['fault']}: {r['writes_by_kind']}; failed {r['failed_writes']}; "
                      f"timeline (s) {r['timeline_s']}")
@@ -310,10 +317,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import os
-    import platform
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "git": _git("rev-parse", "--short", "HEAD"),
+            # a snapshot (git archive) has no .git: the runner names the commit
+            "git": _git("rev-parse", "--short", "HEAD") or os.environ.get("BENCH_GIT", "?"),
             "command": " ".join([".venv/bin/python bench/chaos.py", *sys.argv[1:]]),
             "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
             "python": platform.python_version(), "loadavg": os.getloadavg()}
