@@ -19,8 +19,11 @@ Layout of this file, top to bottom:
   4. ``foreign_entries_patch``: other managers' entries in the fields the My decides
      (whether an apply would change a child is k8s_http's ``needs_apply``);
   5. ``desired_status`` / ``status_changed``;
-  6. ``MyReconciler``: the level-based reconcile, reading caches, writing little;
-  7. ``main``: flags, configuration errors as one line, the Manager.
+  6. ``MyReconciler``: the level-based reconcile, reading caches, writing little
+     (its generic policies are k8s_http's: ``StatusHold``, ``SettledVersions``,
+     ``GenerationMemo``, ``PodCheckSchedule``, ``write_through``);
+  7. ``main``: flags, configuration errors as one line, the Manager
+     (``run_manager``: a port that cannot be bound is a flag error).
 
 Everything above ``MyReconciler`` is pure and unit-tested on its own. This
 module imports only the standard library and the ``k8s_http`` package root.
@@ -29,20 +32,17 @@ module imports only the standard library and the ``k8s_http`` package root.
 from __future__ import annotations
 
 import argparse
-import collections
 import copy
-import errno
 import json
 import logging
-import marshal
 import sys
-import threading
 import time
 from fractions import Fraction
 from typing import Callable, Mapping, NamedTuple
 
 from k8s_http import (
     EventRecorder,
+    GenerationMemo,
     DEPLOYMENTS,
     SERVICES,
     ApiError,
@@ -53,13 +53,15 @@ from k8s_http import (
     NotFoundError,
     ObjectKey,
     PODS,
+    PodCheckSchedule,
     Projection,
     Resource,
     Result,
+    SettledVersions,
+    StatusHold,
     Store,
     TerminalError,
     config_hash,
-    current_work,
     queued_seconds,
     controller_of,
     get_condition,
@@ -81,8 +83,10 @@ from k8s_http import (
     set_condition,
     setup_logging,
     with_config_hash,
+    write_through,
 )
-from k8s_http import add_manager_flags, manager_options, new_parser, positive_int, with_flag_names
+from k8s_http import (add_manager_flags, flag_error, manager_options, new_parser, positive_int,
+                      run_manager, with_flag_names)
 from k8s_http import __version__
 
 log = logging.getLogger("my_controller")
@@ -164,7 +168,7 @@ WARNING_REASONS = (INVALID_SPEC, CONFLICT, REPLICA_FAILURE, PROGRESS_DEADLINE_EX
 CONFLICT_RECHECK_SECONDS = 60.0
 
 # How long a status that the Deployment controller is about to change may be
-# held back, so that one write reports both (see MyReconciler._status_wait):
+# held back, so that one write reports both (k8s_http.StatusHold):
 # this long when our work queue is quick, as long as the key itself just
 # waited in the queue when it is not (under a burst the user already waits
 # that long, and the Deployment controller is behind by about as much), and
@@ -185,7 +189,7 @@ POD_CHECK_MAX_SECONDS = 60.0
 # One page: a My has at most MAX_REPLICAS Pods and a rollout's surge.
 POD_LIST_LIMIT = 2 * MAX_REPLICAS
 
-# How many My versions' validation and rendered children are remembered (a
+# How many My generations' validation and rendered children are remembered (a
 # bounded memory, whatever the number of My objects; see MyReconciler._desired).
 RENDER_MEMO_SIZE = 1024
 # Weight of the newest sample in the running estimate of how long the
@@ -491,6 +495,29 @@ def render_deployment(my: dict) -> dict:
     """
     name = my["metadata"]["name"]
     spec = effective_spec(my.get("spec"))
+    pod: dict = {"containers": [_render_container(spec)]}
+    if spec.get("podSecurityContext"):
+        pod["securityContext"] = copy.deepcopy(spec["podSecurityContext"])
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _child_metadata(my),
+        "spec": {
+            "replicas": spec["replicas"],
+            "selector": {"matchLabels": selector_for(name)},
+            "template": {
+                "metadata": {"labels": labels_for(name)},
+                "spec": pod,
+            },
+        },
+    }
+    if spec.get("progressDeadlineSeconds") is not None:
+        deployment["spec"]["progressDeadlineSeconds"] = spec["progressDeadlineSeconds"]
+    return with_config_hash(deployment, CONFIG_HASH_ANNOTATION)
+
+
+def _render_container(spec: dict) -> dict:
+    """The ``app`` container of the Deployment's pod template, from the effective spec."""
     container: dict = {
         "name": CONTAINER_NAME,
         "image": spec["image"],
@@ -518,25 +545,7 @@ def render_deployment(my: dict) -> dict:
         container["resources"] = resources
     if spec.get("securityContext"):
         container["securityContext"] = copy.deepcopy(spec["securityContext"])
-    pod: dict = {"containers": [container]}
-    if spec.get("podSecurityContext"):
-        pod["securityContext"] = copy.deepcopy(spec["podSecurityContext"])
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _child_metadata(my),
-        "spec": {
-            "replicas": spec["replicas"],
-            "selector": {"matchLabels": selector_for(name)},
-            "template": {
-                "metadata": {"labels": labels_for(name)},
-                "spec": pod,
-            },
-        },
-    }
-    if spec.get("progressDeadlineSeconds") is not None:
-        deployment["spec"]["progressDeadlineSeconds"] = spec["progressDeadlineSeconds"]
-    return with_config_hash(deployment, CONFIG_HASH_ANNOTATION)
+    return container
 
 
 def render_service(my: dict) -> dict:
@@ -790,12 +799,6 @@ def _same_inputs(a: dict | None, b: dict | None) -> bool:
                 for f in ("uid", "generation", "deletionTimestamp", "name", "namespace")))
 
 
-def _versions(*objs: dict | None) -> int:
-    """One number for the resourceVersions of `objs` (None for a missing one);
-    MyReconciler._cached_versions makes the same number from the caches."""
-    return hash(tuple(resource_version_of(obj) for obj in objs))
-
-
 def status_changed(old: dict | None, new: dict) -> bool:
     """Whether writing `new` would change what the status reports."""
     old = old or {}
@@ -866,67 +869,34 @@ class MyReconciler:
         # _remove_foreign_entries); dropped when the My goes.
         self._futile_patches: dict[tuple[str, ObjectKey], str] = {}
         self._clock = clock
-        self._coalesce = status_coalesce_seconds
-        # key -> clock() until which a status change is held back, and when the
-        # Deployment was first seen with its controller at work (see _status_wait).
-        # A key is reconciled by one worker at a time (the work queue's promise),
-        # so each entry has one writer; dict operations are atomic under the GIL.
-        self._held_until: dict[ObjectKey, float] = {}
-        self._pending_since: dict[ObjectKey, float] = {}
-        # How long the Deployment controller has lately taken to answer, as we saw
-        # it (its own backlog, and the wait for a free worker): a running mean.
-        # Workers update it without a lock: a lost sample only makes it a little
-        # staler, never wrong by more than one sample's weight.
-        self._answer_seconds = 0.0
-        # key -> hash of the resourceVersions (My, Deployment, Service) a reconcile
-        # finished with: everything written, or a status held until _held_until.
-        # The same versions in the caches again give the same answer (the
-        # reconcile reads nothing else once both children exist, and a hold only
-        # depends on the time), so a resync, or an echo of our own write that still
-        # wakes the key (one the store could not name the writer of: see _write),
-        # costs three cache reads, not a reconcile. A hash,
-        # not the strings: one int per My at scale; a false match needs a 64-bit
-        # collision for the same key.
-        self._settled: dict[ObjectKey, int] = {}
-        # key -> (clock() of the next Pod read, the interval after it) and the cause
-        # the last read found, for a My that is not ready (see _pod_cause).
-        self._pod_checks: dict[ObjectKey, tuple[float, float]] = {}
-        self._pod_causes: dict[ObjectKey, str | None] = {}
-        # (key, uid, resourceVersion) -> (problems, rendered children): see _desired.
-        self._rendered: collections.OrderedDict = collections.OrderedDict()
-        self._rendered_lock = threading.Lock()
+        # A status change the Deployment controller is about to follow with its
+        # answer is held back so that one write reports both (see _write_status).
+        self._status_hold = StatusHold(
+            coalesce_seconds=status_coalesce_seconds, cap_seconds=STATUS_HOLD_CAP_SECONDS,
+            weight=ANSWER_TIME_WEIGHT, clock=clock, queued_seconds=queued_seconds)
+        # The resourceVersions (My, Deployment, Service) a reconcile finished with:
+        # everything written, or a status held. The same versions in the caches
+        # again give the same answer (the reconcile reads nothing else once both
+        # children exist, and a hold only depends on the time), so a resync, or an
+        # echo of our own write that still wakes the key (one the store could not
+        # name the writer of: see write_through), costs three cache reads.
+        self._settled = SettledVersions(stores, (MY, DEPLOYMENTS, SERVICES))
+        # When to read the Pods of a My that is not ready (see _pod_cause).
+        self._pod_checks = PodCheckSchedule(first_seconds=POD_CHECK_FIRST_SECONDS,
+                                            max_seconds=POD_CHECK_MAX_SECONDS, clock=clock)
+        # Validation and rendered children per My generation: see _desired.
+        self._rendered = GenerationMemo(RENDER_MEMO_SIZE)
 
     def __call__(self, key: ObjectKey) -> Result | None:
-        # Nothing changed since a reconcile finished (an echo of our own writes, a
-        # resync): known from the caches' resourceVersions alone, without building
-        # the objects (the caches keep them packed).
-        if self._settled.get(key) == self._cached_versions(key):
-            now = self._clock()
-            until = self._held_until.get(key)
-            if until is None:
-                check = self._pod_checks.get(key)
-                if check is None:
-                    return None
-                if check[0] > now:      # handed out early: the promise to come back stands
-                    return Result(requeue_after_seconds=check[0] - now, priority=1)
-                # Its Pods are due to be read again (the timer _pod_cause set).
-            elif until > now:
-                return Result(requeue_after_seconds=until - now, priority=1)
-            # The hold is over and nothing came: write the status as it stands.
-        self._settled.pop(key, None)
+        if self._settled.unchanged(key):
+            done, result = self._settled_result(key)
+            if done:
+                return result
+        self._settled.forget(key)
         # The store answers with our own last write until its watch brings it.
         my = self._stores[MY].get(key)
         if my is None:
-            # Gone: the garbage collector deletes the children (ownerReferences).
-            self.recorder.forget(key)
-            self._cancel_deletion_watches(key)
-            for resource, _ in self.CHILDREN:
-                self._futile_patches.pop((resource.plural, key), None)
-            self._held_until.pop(key, None)
-            self._pending_since.pop(key, None)
-            self._settled.pop(key, None)
-            self._pod_checks.pop(key, None)
-            self._pod_causes.pop(key, None)
+            self._forget(key)     # gone: the garbage collector deletes the children
             return None
         # Children our cache shows (or our last write of them).
         lives = {resource: self._cached_child(resource, key) for resource, _ in self.CHILDREN}
@@ -957,12 +927,49 @@ class MyReconciler:
                 and not self._still_exists(key, my):
             return None
 
+        blocked = self._ensure_children(key, my, desired, lives)
+        if blocked is not None:
+            return blocked.result
+        return self._report(key, my, lives)
+
+    def _settled_result(self, key: ObjectKey) -> tuple[bool, Result | None]:
+        """(True, what to return) when nothing changed since a reconcile finished
+        (an echo of our own writes, a resync), known from the caches'
+        resourceVersions alone; (False, None) when a timer it set is due: a held
+        status to write as it stands, or Pods to read again."""
+        now = self._clock()
+        until = self._status_hold.held_until(key)
+        if until is None:
+            due = self._pod_checks.due_at(key)
+            if due is None:
+                return True, None
+            if due > now:      # handed out early: the promise to come back stands
+                return True, Result(requeue_after_seconds=due - now, priority=1)
+            return False, None          # its Pods are due to be read again
+        if until > now:
+            return True, Result(requeue_after_seconds=until - now, priority=1)
+        return False, None              # the hold is over and nothing came
+
+    def _forget(self, key: ObjectKey) -> None:
+        """The My is gone: drop what was kept for it."""
+        self.recorder.forget(key)
+        self._cancel_deletion_watches(key)
+        for resource, _ in self.CHILDREN:
+            self._futile_patches.pop((resource.plural, key), None)
+        self._status_hold.forget(key)
+        self._settled.forget(key)
+        self._pod_checks.stop(key)
+
+    def _ensure_children(self, key: ObjectKey, my: dict, desired: tuple[dict, ...],
+                         lives: dict) -> _Blocked | None:
+        """Apply each child in turn (`lives` updated with what the server answered);
+        _Blocked when one may not be written; one Event per kind of change."""
         changes: list[tuple[str, Resource]] = []      # ("Created" | "Updated", kind)
         try:
             for (resource, _), want in zip(self.CHILDREN, desired):
                 live = self._ensure_child(key, my, resource, want, lives[resource], changes)
                 if isinstance(live, _Blocked):
-                    return live.result
+                    return live
                 lives[resource] = live
         except ApiError as err:
             if is_namespace_terminating(err):
@@ -972,7 +979,7 @@ class MyReconciler:
                 log.info("not recreating %s %s: namespace %s is being deleted",
                          resource.kind, key.name, key.namespace)
                 changes.clear()          # its Events would be refused the same way
-                return None
+                return _Blocked(None)
             message = f"applying {resource.kind} {key.name} failed: {err}"   # the failed one
             self.recorder.event(my, "Warning", "ReconcileError", message)
             try:
@@ -984,14 +991,17 @@ class MyReconciler:
             raise  # the runner retries with backoff
         finally:
             self._report_changes(my, changes)
+        return None
 
+    def _report(self, key: ObjectKey, my: dict, lives: dict) -> Result | None:
+        """Write the status the children now give (maybe held), and when to come back."""
         deployment = self._reported_deployment(key, my, lives[DEPLOYMENTS])
         pod_cause, recheck = self._pod_cause(key, my, deployment)
         wait, reported = self._write_status(key, my, deployment, pod_cause=pod_cause,
                                             pending=_is_rollout_pending(deployment))
         # The versions this reconcile worked from or wrote, not a fresh cache read:
         # a version the watch brought meanwhile has not been reconciled yet.
-        self._settled[key] = _versions(reported, deployment, lives[SERVICES])
+        self._settled.settle(key, reported, deployment, lives[SERVICES])
         if wait:
             # Priority: the Deployment's update (or the end of the window) brings
             # the key back ahead of the queue, so holding costs no extra queue pass.
@@ -1014,26 +1024,19 @@ class MyReconciler:
         not flap. A failed read keeps that cause: it never fails the reconcile.
         """
         if not _pods_worth_reading(effective_spec(my.get("spec")), deployment):
-            self._pod_checks.pop(key, None)
-            self._pod_causes.pop(key, None)
+            self._pod_checks.stop(key)
             return None, None
-        now = self._clock()
-        check = self._pod_checks.get(key)
-        if check is None:
-            self._pod_checks[key] = (now + POD_CHECK_FIRST_SECONDS, POD_CHECK_FIRST_SECONDS)
-            return None, POD_CHECK_FIRST_SECONDS
-        due, interval = check
-        if now < due:
-            return self._pod_causes.get(key), due - now
-        try:
-            pods = self.client.list(PODS, namespace=key.namespace, limit=POD_LIST_LIMIT,
-                                    label_selector=selector_string(key.name))["items"]
-            self._pod_causes[key] = pod_problem(pods)
-        except ApiError as err:
-            log.info("could not read the Pods of %s to tell why it is not ready: %s", key, err)
-        interval = min(2 * interval, POD_CHECK_MAX_SECONDS)
-        self._pod_checks[key] = (now + interval, interval)
-        return self._pod_causes.get(key), interval
+
+        def read(last: str | None) -> str | None:
+            try:
+                pods = self.client.list(PODS, namespace=key.namespace, limit=POD_LIST_LIMIT,
+                                        label_selector=selector_string(key.name))["items"]
+            except ApiError as err:
+                log.info("could not read the Pods of %s to tell why it is not ready: %s",
+                         key, err)
+                return last
+            return pod_problem(pods)
+        return self._pod_checks.check(key, read)
 
     def _reported_deployment(self, key: ObjectKey, my: dict, deployment: dict | None
                              ) -> dict | None:
@@ -1058,37 +1061,20 @@ class MyReconciler:
     def _desired(self, key: ObjectKey, my: dict) -> tuple[list[str], tuple[dict, ...]]:
         """validate_my(my), and the children rendered when it finds nothing.
 
-        Remembered for the last RENDER_MEMO_SIZE generations of My objects: a new
-        My is reconciled again when its Deployment's controller answers (after our
-        status write, so from another resourceVersion of the same generation), and
-        validating and rendering (with the canonical JSON of the config hash) was a
-        fifth of a burst's CPU. Both read only the name, namespace, uid and spec,
-        and the spec cannot change without the generation (the status subresource
-        is on); an object without a generation is remembered by resourceVersion.
-        The children are remembered marshalled (~1 kB where their dicts take
-        ~7 kB; as fast to load as the dicts are to build) and every answer is a
-        new copy.
+        Remembered for the last RENDER_MEMO_SIZE generations of My objects
+        (k8s_http.GenerationMemo): a new My is reconciled again when its
+        Deployment's controller answers (after our status write, so from another
+        resourceVersion of the same generation), and validating and rendering
+        (with the canonical JSON of the config hash) was a fifth of a burst's CPU.
+        Both read only the name, namespace, uid and spec, and the spec cannot
+        change without the generation (the status subresource is on). Every
+        answer is a new copy.
         """
-        meta = meta_of(my)
-        generation = meta.get("generation")
-        version = (key, meta.get("uid"),
-                   generation if isinstance(generation, int) else resource_version_of(my))
-        if version[2] is not None:
-            with self._rendered_lock:
-                remembered = self._rendered.get(version)
-                if remembered is not None:
-                    self._rendered.move_to_end(version)
-            if remembered is not None:
-                problems, children = remembered
-                return problems, marshal.loads(children)
+        return self._rendered(key, my, self._validate_and_render)
+
+    def _validate_and_render(self, my: dict) -> tuple[list[str], tuple[dict, ...]]:
         problems = validate_my(my)
-        children = () if problems else tuple(render(my) for _, render in self.CHILDREN)
-        if version[2] is not None:
-            with self._rendered_lock:
-                self._rendered[version] = problems, marshal.dumps(children)
-                while len(self._rendered) > RENDER_MEMO_SIZE:
-                    self._rendered.popitem(last=False)
-        return problems, children
+        return problems, () if problems else tuple(render(my) for _, render in self.CHILDREN)
 
     @staticmethod
     def _has_acted_on(my: dict) -> bool:
@@ -1113,12 +1099,6 @@ class MyReconciler:
         log.info("not re-creating the children of %s: the My is gone (uid %s), the cache "
                  "is behind", key, meta_of(my).get("uid"))
         return False
-
-    def _cached_versions(self, key: ObjectKey) -> int:
-        """_versions of the My and its children as the caches (or our last writes) hold them."""
-        stores = self._stores
-        return hash((stores[MY].resource_version(key), stores[DEPLOYMENTS].resource_version(key),
-                     stores[SERVICES].resource_version(key)))
 
     def _cached_child(self, resource: Resource, key: ObjectKey) -> dict | None:
         """The child named like the My as our cache (or our last write) shows it.
@@ -1149,14 +1129,7 @@ class MyReconciler:
         if not needs_apply(desired, live):
             return live
         if live is None and self._watching_deletion(resource, key):
-            # The name is known to be taken (found so, and its squatter's deletion not
-            # yet reported): another create would only be refused. The Conflict status
-            # stands (written again only for a new generation); the deletion watch
-            # brings the key back when the squatter goes.
-            cond = get_condition(my, CONDITION_READY) or {}
-            if cond.get("reason") == CONFLICT:
-                self._write_status(key, my, None, condition=(CONFLICT, cond.get("message", "")))
-                raise _unfixable(my, CONFLICT, cond.get("message", ""))
+            self._conflict_stands(key, my)
         if live is None:
             try:
                 applied = self._apply(resource, desired, key, create_only=True)
@@ -1181,6 +1154,16 @@ class MyReconciler:
             # is not one (a normalisation it does not model). Harmless but a write.
             log.debug("apply of %s %s changed nothing", resource.kind, key.name)
         return applied
+
+    def _conflict_stands(self, key: ObjectKey, my: dict) -> None:
+        """The name is known to be taken (found so, and its squatter's deletion not
+        yet reported): another create would only be refused. The Conflict status
+        stands (written again only for a new generation), and the reconcile ends
+        with it; the deletion watch brings the key back when the squatter goes."""
+        cond = get_condition(my, CONDITION_READY) or {}
+        if cond.get("reason") == CONFLICT:
+            self._write_status(key, my, None, condition=(CONFLICT, cond.get("message", "")))
+            raise _unfixable(my, CONFLICT, cond.get("message", ""))
 
     def _apply_over(self, key: ObjectKey, resource: Resource, desired: dict, live: dict,
                     changes: list) -> dict:
@@ -1237,17 +1220,8 @@ class MyReconciler:
             namespace=key.namespace, create_only=create_only))
 
     def _write(self, resource: Resource, base: dict | None, send: Callable[[], dict]) -> dict:
-        """Send a write; the store answers with its result until the watch brings it,
-        and the watch's copy, if it comes after the answer, does not bring this
-        reconcile's key back (it has the answer)."""
-        store = self._stores[resource]
-        token = store.begin_write()
-        written = None
-        try:
-            written = send()
-            return written
-        finally:
-            store.end_write(token, written, base=base, writer=current_work())
+        """Send a write the cache answers with at once (k8s_http.write_through)."""
+        return write_through(self._stores[resource], send, base=base)
 
     def _conflict(self, key: ObjectKey, my: dict, resource: Resource, live: dict) -> Result:
         owner = controller_of(live)
@@ -1278,68 +1252,33 @@ class MyReconciler:
                 log.info("%s %s", verb.lower(), what)
                 self.recorder.event(my, "Normal", verb, f"{verb} {what}")
 
-    def _status_wait(self, key: ObjectKey, pending: bool | None) -> float:
-        """Seconds to hold back a status change; 0 means write it now.
-
-        `pending`: whether the Deployment controller is still at work on the
-        Deployment (_is_rollout_pending); None when the status is not about the
-        Deployment (a failure condition), which is never held.
-
-        While it is at work, its next status update would need a write of its
-        own, so a change may wait for that update, but only for a window fixed
-        when it is first held: `status_coalesce_seconds`, or as long as the key
-        has just waited in our work queue if that was longer (a burst: the user
-        already waits that long, and the Deployment controller is about as far
-        behind), capped at STATUS_HOLD_CAP_SECONDS. Then it is written as it
-        stands (a new My shows observedGeneration and Progressing even when the
-        Deployment controller is far behind). The held key comes back with
-        priority (see __call__): when its Deployment's update arrives it goes
-        ahead of the keys waiting in the queue, so the answer is reported as
-        soon as it is seen. Holding pays only when the answer is likely to come
-        within the window: it is skipped while the Deployment controller's
-        recent answers took longer. Idle, it answers well within the window
-        and a new My costs one status write.
-        """
-        if pending is None:
-            return 0.0
-        now = self._clock()
-        if not pending:
-            since = self._pending_since.pop(key, None)
-            if since is not None:
-                # The Deployment controller's time, not our queue's: an answer whose
-                # event waited behind a long queue (its key not held, so without
-                # priority) would otherwise keep the estimate high, so keys would not be
-                # held, so the next answers would wait in the queue too -- after a burst,
-                # every spec update then cost two status writes.
-                sample = max(0.0, now - since - (queued_seconds() or 0.0))
-                self._answer_seconds += ANSWER_TIME_WEIGHT * (sample - self._answer_seconds)
-            return 0.0
-        self._pending_since.setdefault(key, now)
-        until = self._held_until.get(key)
-        if until is None:
-            window = min(max(self._coalesce, queued_seconds() or 0.0), STATUS_HOLD_CAP_SECONDS)
-            if self._answer_seconds > window:
-                return 0.0
-            until = self._held_until[key] = now + window
-        return max(0.0, until - now)
-
     def _write_status(self, key: ObjectKey, my: dict, deployment: dict | None, *,
                       condition: tuple[str, str] | None = None, pod_cause: str | None = None,
                       pending: bool | None = None) -> tuple[float, dict | None]:
         """Write the status `my` should have, if it differs. Returns the seconds
-        the caller should come back after when the write is held (_status_wait),
-        and the My as it now stands (the server's answer when written; None when
-        it was deleted meanwhile)."""
+        the caller should come back after when the write is held, and the My as
+        it now stands (the server's answer when written; None when it was
+        deleted meanwhile).
+
+        `pending`: whether the Deployment controller is still at work on the
+        Deployment (_is_rollout_pending); None when the status is not about the
+        Deployment (a failure condition), which is never held. While it is at
+        work, its next status update would need a write of its own, so a change
+        may wait for it (k8s_http.StatusHold): within STATUS_COALESCE_SECONDS
+        when our queue is idle, about the queue's own delay under a burst, and
+        not at all while its recent answers took longer than that. Idle, a new
+        My costs one status write.
+        """
         old = my.get("status") or {}
         new = desired_status(my, deployment, condition=condition, now=self._now(),
                              pod_cause=pod_cause)
-        wait = self._status_wait(key, pending)
+        wait = self._status_hold.wait(key, pending)
         if not status_changed(old, new):
-            self._held_until.pop(key, None)
+            self._status_hold.release(key)
             return 0.0, my
         if wait > 0:
             return wait, my
-        self._held_until.pop(key, None)
+        self._status_hold.release(key)
         try:
             written = self._write(MY, my, lambda: self.client.patch_status(
                 MY, key.name, {"status": new}, namespace=key.namespace))
@@ -1349,22 +1288,24 @@ class MyReconciler:
         # debug: the status itself says it (kubectl get my); at info every status
         # write of a burst was a log line.
         log.debug("status of %s: Ready=%s %s", key, *summary[:2])
-        # Warning events follow the condition, not each write: an InvalidSpec,
-        # Conflict or workload failure is reported once when it appears, not at
-        # every replica change.
-        # A workload failure's message carries replica counts that move: only
-        # a new reason is news there.
+        self._warn_on_news(my, old, new)
+        # A merge patch of /status lands on whatever the My is by then: if someone
+        # changed it after our read, the answer carries a spec this reconcile never
+        # saw. Then it is not what we settled on: the input is, and the change's own
+        # event brings us back.
+        return 0.0, written if _same_inputs(written, my) else my
+
+    def _warn_on_news(self, my: dict, old: dict, new: dict) -> None:
+        """Warning events follow the condition, not each write: an InvalidSpec,
+        Conflict or workload failure is reported once when it appears, not at
+        every replica change. A workload failure's message carries replica
+        counts that move: only a new reason is news there."""
         old_summary, new_summary = _ready_summary(old) or (), _ready_summary(new) or ()
         reason = new_summary[1] if len(new_summary) > 1 else None
         if reason in WARNING_REASONS:
             compared = 2 if reason in (REPLICA_FAILURE, PROGRESS_DEADLINE_EXCEEDED) else 3
             if old_summary[:compared] != new_summary[:compared]:
                 self.recorder.event(my, "Warning", reason, new_summary[2])
-        # A merge patch of /status lands on whatever the My is by then: if someone
-        # changed it after our read, the answer carries a spec this reconcile never
-        # saw. Then it is not what we settled on: the input is, and the change's own
-        # event brings us back.
-        return 0.0, written if _same_inputs(written, my) else my
 
 
 # --------------------------------------------------------------------------
@@ -1389,14 +1330,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(message: str) -> int:
-    print(f"{NAME}: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
-
-
-_BIND_ERRNOS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -1404,7 +1337,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.kubeconfig, context=args.context)
         mgr = Manager(config, NAME, **manager_options(args))
     except ConfigError as err:
-        return _fail(with_flag_names(err))
+        return flag_error(NAME, with_flag_names(err))
     # The caches the reconciler reads, made before it is registered, each keeping
     # only what this file reads (PROJECTIONS); the controller's own watches (MY,
     # and the owned kinds under the same selector) share them.
@@ -1420,21 +1353,9 @@ def main(argv: list[str] | None = None) -> int:
     mgr.add_controller(MY, reconciler, owns=[DEPLOYMENTS, SERVICES],
                        owns_label_selector=MANAGED_SELECTOR, workers=args.workers,
                        transforms=PROJECTIONS)
-    try:
-        return mgr.run()
-    except OSError as err:
-        # The only bind happens in start(), first thing in run(): a port in use or an
-        # address this host does not have is a flag problem, reported as one.
-        if err.errno not in _BIND_ERRNOS:
-            raise
-        try:
-            mgr.stop()
-        except Exception:
-            pass
-        # The runtime's message names the address ("cannot listen on ':8080': ...").
-        return _fail(f"{err.strerror or err}; choose another --metrics-bind-address or "
-                     "--health-probe-bind-address (0 disables)")
-
+    # A port in use or an address this host does not have is a flag problem,
+    # reported as one.
+    return run_manager(mgr, NAME)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -972,10 +972,10 @@ def test_failures_are_reported_without_holding(mgr, reconciler):
 
 def test_a_deleted_my_forgets_its_held_status(mgr, reconciler):
     reconciler(KEY)
-    assert KEY in reconciler._held_until
+    assert KEY in reconciler._status_hold
     mgr.forget(MY)
     reconciler(KEY)
-    assert KEY not in reconciler._held_until
+    assert KEY not in reconciler._status_hold
 
 
 @pytest.mark.parametrize("status, pending", [
@@ -1708,7 +1708,7 @@ def test_validation_and_rendering_are_remembered_per_my_generation_and_bounded(
     del no_generation["metadata"]["generation"]
     no_generation["spec"]["replicas"] = 6
     assert reconciler._desired(KEY, no_generation)[1][0]["spec"]["replicas"] == 6
-    monkeypatch.setattr(controller, "RENDER_MEMO_SIZE", 3)
+    monkeypatch.setattr(reconciler._rendered, "size", 3)
     for generation in range(10, 20):
         other = copy.deepcopy(my)
         other["metadata"]["generation"] = generation
