@@ -61,15 +61,17 @@ from bench.scaling.analysis import fit_line  # noqa: E402
 from k8s_http.errors import K8sHttpError, NotFoundError  # noqa: E402
 from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
 from tests.support.faultproxy import FaultProxy, scenario  # noqa: E402
+from bench import soak_alloc  # noqa: E402
 
 NAMESPACE = "soak"
 RESULTS_JSON = HERE / "results" / "soak.json"
 RESULTS_MD = HERE / "RESULTS.soak.md"
 
 
-def my_object(name: str, value: str) -> dict:
+def my_object(name: str, value: str, replicas: int = 0) -> dict:
     return {"apiVersion": "mine.jp/v1", "kind": "My", "metadata": {"name": name},
-            "spec": {"image": "registry.example.com/team/app:1.0", "replicas": 0, "port": 8080,
+            "spec": {"image": "registry.example.com/team/app:1.0", "replicas": replicas,
+                     "port": 8080,
                      "env": [{"name": ENV_NAME, "value": value}]}}
 
 
@@ -89,8 +91,10 @@ def _retry(fn, *, attempts: int = 60, what: str = "") -> object:
 class Load:
     """Steady churn on the `My`s of one namespace, straight to the apiserver."""
 
-    def __init__(self, client, objects: int, stable: int, ops_per_second: float, seed: int):
+    def __init__(self, client, objects: int, stable: int, ops_per_second: float, seed: int,
+                 replicas: int = 0):
         self.client = client
+        self.replicas = replicas
         self.rng = random.Random(seed)
         self.stable = [f"stable-{i:03d}" for i in range(stable)]
         self.churned = [f"my-{i:05d}" for i in range(objects - stable)]
@@ -103,7 +107,8 @@ class Load:
 
     def create_all(self) -> None:
         for name in self.stable + self.churned:
-            _retry(lambda n=name: self.client.create(MY, my_object(n, "v0"), namespace=NAMESPACE),
+            _retry(lambda n=name: self.client.create(MY, my_object(n, "v0", self.replicas),
+                                                      namespace=NAMESPACE),
                    what=f"create {name}")
 
     def start(self) -> None:
@@ -150,7 +155,8 @@ class Load:
         self.counts["delete"] += 1
         new = f"my-{self.next_id:05d}"
         self.next_id += 1
-        _retry(lambda: self.client.create(MY, my_object(new, "v0"), namespace=NAMESPACE),
+        _retry(lambda: self.client.create(MY, my_object(new, "v0", self.replicas),
+                                                      namespace=NAMESPACE),
                what=f"create {new}")
         self.churned.append(new)
         self.counts["create"] += 1
@@ -197,16 +203,14 @@ class Sampler:
                 op.wait_started(120)
                 continue
             try:
-                with open(f"/proc/{op.pid}/status") as f:
-                    status = dict(line.split(":", 1) for line in f if ":" in line)
+                now = soak_alloc.handles(op.pid)
             except OSError:
                 continue
             healthz = _http_status(f"http://127.0.0.1:{op.probe_port}/healthz")
             if healthz != 200:
                 self.healthz_failures += 1
-            self.samples.append({"t": round(time.monotonic() - self._t0, 1),
-                                 "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
-                                 "threads": int(status["Threads"]), "healthz": healthz})
+            self.samples.append({"t": round(time.monotonic() - self._t0, 1), **now,
+                                 "healthz": healthz})
 
 
 def _http_status(url: str) -> int | None:
@@ -341,11 +345,14 @@ def run(args: argparse.Namespace) -> dict:
     try:
         plane = cluster.plane
         proxy, kubeconfig = proxied_namespace(cluster, NAMESPACE, work)
+        traces = work / "tracemalloc"
         operator = OurOperator(kubeconfig, NAMESPACE, work, workers=args.workers,
-                               python=sys.executable)
+                               python=sys.executable,
+                               trace_to=traces if args.snapshot_minutes else None)
         operator.start("soak")
         operator.wait_started(120)
-        load = Load(cluster.client, args.objects, args.stable, args.ops_per_second, args.seed)
+        load = Load(cluster.client, args.objects, args.stable, args.ops_per_second, args.seed,
+                    args.replicas)
         t_create = time.monotonic()
         load.create_all()
         print(f"soak: {args.objects} My created in {time.monotonic() - t_create:.0f} s; "
@@ -360,8 +367,27 @@ def run(args: argparse.Namespace) -> dict:
         kills = []
         t0 = time.monotonic()
         next_fault, index, applied = t0 + args.fault_every, 0, []
+        intervals: list[dict] = []
+        snapshot_every = args.snapshot_minutes * 60
+        next_snapshot = t0 if snapshot_every else float("inf")
+
+        def snapshot(at: float) -> None:
+            pid = operator.pid
+            taken = sum(1 for i in intervals if i["pid"] == pid)
+            path = soak_alloc.take(pid, traces, taken)
+            if path is None:
+                print("soak: no tracemalloc snapshot within 120 s", flush=True)
+                return
+            now = soak_alloc.handles(pid)
+            intervals.append({"t": round(at - sampler._t0, 1), "pid": pid,
+                              "snapshot": str(path), **now})
+            print(f"soak: {at - t0:5.0f} s  snapshot: {now}", flush=True)
+
         while (now := time.monotonic()) - t0 < duration:
-            if kill_at and now - t0 >= kill_at[0]:
+            if now >= next_snapshot:
+                snapshot(now)
+                next_snapshot += snapshot_every
+            elif kill_at and now - t0 >= kill_at[0]:
                 kill_at.pop(0)
                 took = plane.restart_apiserver()
                 kills.append({"at_s": round(now - t0), "back_after_s": round(took, 1)})
@@ -376,6 +402,8 @@ def run(args: argparse.Namespace) -> dict:
                 next_fault = now + args.fault_every
             time.sleep(0.5)
 
+        if snapshot_every:
+            snapshot(time.monotonic())
         load.stop()
         proxy.disarm()
         t_end = time.monotonic()
@@ -389,6 +417,9 @@ def run(args: argparse.Namespace) -> dict:
         metrics = scrape(operator.metrics_port)
         exit_code = operator.stop()
         repairs = len(load.repairs)
+        last_pid = intervals[-1]["pid"] if intervals else None
+        allocation = soak_alloc.allocation_report(
+            [i for i in intervals if i["pid"] == last_pid]) if intervals else {}
         relists = {k: v for k, v in metrics.items() if k.startswith("k8s_http_informer_relists")}
         injected_410 = {r: proxy.injected_on[("gone_event", r)] + proxy.injected_on[("gone_watch", r)]
                         for r in ("my", "deployments", "services")}
@@ -405,6 +436,8 @@ def run(args: argparse.Namespace) -> dict:
             "process": {"restarts": sampler.restarts, "exit_code_on_sigterm": exit_code,
                         "healthz_not_200_samples": sampler.healthz_failures},
             "samples": sampler.samples,
+            "intervals": intervals,
+            "allocation": allocation,
             "rss_slope_mib_per_hour": slope_per_hour(sampler.samples, "rss_mib",
                                                      args.warmup_minutes * 60),
             "threads_slope_per_hour": slope_per_hour(sampler.samples, "threads",
@@ -511,12 +544,16 @@ def markdown(data: dict) -> str:
         f"| RSS after warm-up ({data['settings']['warmup_minutes']:g} min), min / max | "
         + (f"{min(s['rss_mib'] for s in after):.1f} / {max(s['rss_mib'] for s in after):.1f} MiB"
            if after else "n/a") + " | flat |",
-        f"| RSS slope after warm-up; over the second half only | **{fmt(rss_slope, ' MiB/h')}**; "
-        f"{fmt(slope_per_hour(samples, 'rss_mib', samples[-1]['t'] / 2) if samples else None, ' MiB/h')}"
-        " | ~0 |",
+        f"| RSS slope after warm-up; over the second half only | {fmt(rss_slope, ' MiB/h')}; "
+        f"**{fmt(slope_per_hour(samples, 'rss_mib', samples[-1]['t'] / 2) if samples else None, ' MiB/h')}**"
+        " | ≤ 1 MiB/h over the last hour of 2 h |",
         f"| threads after warm-up, min / max; slope | "
         + (f"{min(s['threads'] for s in after)} / {max(s['threads'] for s in after)}; "
            if after else "n/a; ") + f"{fmt(thr_slope, '/h')} | flat |",
+        *([f"| open fds / sockets after warm-up, min / max | "
+           f"{min(s['fds'] for s in after)} / {max(s['fds'] for s in after)}; "
+           f"{min(s['sockets'] for s in after)} / {max(s['sockets'] for s in after)} | flat |"]
+          if after and "fds" in after[0] else []),
         f"| relists (initial lists included) vs injected 410s | {relist_total:g} "
         f"({relist_by_res}) vs {n410} ({per_res}) | initial + 410s (+ kills) |",
         f"| operator writes per repaired Deployment | "
@@ -561,6 +598,7 @@ def markdown(data: dict) -> str:
         *[f"| {s['t']:.0f} | {s['rss_mib']:.1f} | {s['threads']} | {s['healthz']} |"
           for s in timeline],
         "",
+        *soak_alloc.markdown(data),
         "Raw data: `bench/results/soak.json`.",
     ]
     return "\n".join(lines) + "\n"
@@ -569,7 +607,12 @@ def markdown(data: dict) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=20.0)
+    p.add_argument("--minutes", type=float, default=20.0, help="duration of the churn")
+    p.add_argument("--snapshot-minutes", type=float, default=10.0,
+                   help="a tracemalloc snapshot of the operator every N minutes (0: none, "
+                        "and the operator runs without tracemalloc)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="spec.replicas of each My (1: Pods, on the plane with kwok)")
     p.add_argument("--objects", type=int, default=200)
     p.add_argument("--stable", type=int, default=20,
                    help="My never updated; their Deployments are deleted out of band")
@@ -608,6 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         print(f"soak: wrote {args.out}", flush=True)
+    if data.get("intervals"):
+        for path in soak_alloc.write_svgs(data, args.out.parent):
+            print(f"soak: wrote {path}", flush=True)
     text = markdown(data)
     print(text)
     if args.markdown:

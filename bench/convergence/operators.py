@@ -210,11 +210,12 @@ class OurOperator(OperatorProcess):
     """python controller.py, watching the benchmark's namespace."""
 
     def __init__(self, *args, workers: int, python: str, profile_to: Path | None = None,
-                 **kwargs):
+                 trace_to: Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.workers = workers
         self.python = python
         self.profile_to = profile_to
+        self.trace_to = trace_to       # tracemalloc snapshots on SIGUSR2 (traced.py)
         self.key = f"ours-w{workers}"
         self.label = f"my-controller --workers {workers}"
         self.ready_pattern = re.compile(r'"caches synced')
@@ -228,6 +229,9 @@ class OurOperator(OperatorProcess):
                  "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
                  "--health-probe-bind-address", f"127.0.0.1:{self.probe_port}",
                  "--log-level", "info", "--log-format", "json"]
+        if self.trace_to is not None:
+            return [self.python, str(ROOT / "bench" / "convergence" / "traced.py"),
+                    str(self.trace_to), "--", *flags]
         if self.profile_to is not None:
             return [self.python, str(ROOT / "bench" / "convergence" / "profiled.py"),
                     str(self.profile_to), "--", *flags]
