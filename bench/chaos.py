@@ -162,7 +162,19 @@ def run_one(fault: str, args, work: Path) -> dict:
                    attempts=240, what=f"update {name}")
             patched.append(name)
 
+        run_over = threading.Event()
+
         def inject() -> None:
+            try:
+                inject_fault()
+            except BaseException as err:       # raised in the main thread below
+                timeline["inject_error"] = err
+            finally:
+                # An operator started here is tied to this thread (PR_SET_PDEATHSIG
+                # fires when the thread that forked it ends): keep it until the run ends.
+                run_over.wait()
+
+        def inject_fault() -> None:
             time.sleep(max(0.0, t0 + args.fault_at - time.monotonic()))
             timeline["fault"] = time.monotonic()
             updates = threading.Thread(target=lambda: list(ThreadPoolExecutor(8).map(
@@ -207,7 +219,10 @@ def run_one(fault: str, args, work: Path) -> dict:
         with ThreadPoolExecutor(args.load_threads) as pool:
             list(pool.map(create, enumerate(names)))
         timeline["creates_done"] = time.monotonic()
-        injector.join()
+        while "updates_done" not in timeline and "inject_error" not in timeline:
+            time.sleep(0.1)
+        if "inject_error" in timeline:
+            raise RuntimeError(f"{fault}: the fault failed") from timeline["inject_error"]
         converged = _wait_until(lambda: all_converged(observer, names), args.timeout, 0.5)
         timeline["all_converged"] = time.monotonic()
         live = [op for op in ops if op.alive()]
@@ -240,6 +255,8 @@ def run_one(fault: str, args, work: Path) -> dict:
               flush=True)
         return result
     finally:
+        if "run_over" in locals():
+            run_over.set()
         if observer is not None:
             observer.stop()
         for op in ops:
@@ -261,6 +278,9 @@ def markdown(data: dict) -> str:
         f"{meta['machine']}, Python {meta['python']}, load average at start "
         f"{meta['loadavg'][0]:.1f}. The machine was shared with other agents' work.",
         "",
+        *([f"Runs merged from {len(data['invocations'])} invocations (`--merge`): "
+           + "; ".join(f"`{m['command']}` at {m['date']} (git {m['git']}, load {m['loadavg'][0]:.1f})"
+                       for m in data["invocations"]) + ".", ""] if data.get("invocations") else []),
         f"Each run: a fresh control plane ({'with kwok Pods' if s['pods'] else 'Pod-less: no scheduler, kwok or Nodes; `replicas: 0`'}), "
         f"`controller.py --workers {s['workers']}` through `tests/support/faultproxy.py`, "
         f"{s['count']} `My`s created at {s['rate']:g}/s; the fault at {s['fault_at']:g} s into "
@@ -312,6 +332,9 @@ def parse_args(argv=None):
     p.add_argument("--work-dir", default=None)
     p.add_argument("--out", type=Path, default=RESULTS_JSON)
     p.add_argument("--no-markdown", dest="markdown", action="store_false")
+    p.add_argument("--merge", type=Path, nargs="+", default=None,
+                   help="no run: write --out and the markdown from the runs of these files "
+                        "(e.g. the faults of one invocation and those re-run in another)")
     return p.parse_args(argv)
 
 
@@ -323,6 +346,17 @@ def main(argv=None) -> int:
             "command": " ".join([".venv/bin/python bench/chaos.py", *sys.argv[1:]]),
             "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
             "python": platform.python_version(), "loadavg": os.getloadavg()}
+    if args.merge:
+        parts = [json.loads(path.read_text()) for path in args.merge]
+        data = {"meta": parts[0]["meta"], "settings": parts[0]["settings"],
+                "invocations": [p["meta"] for p in parts],
+                "runs": [r for p in parts for r in p["runs"]]}
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        text = markdown(data)
+        print(text)
+        if args.markdown:
+            RESULTS_MD.write_text(text)
+        return 0
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="my-controller-chaos-"))
     runs = []
     for fault in args.faults.split(","):
