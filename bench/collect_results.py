@@ -8,7 +8,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "scale", "startup_list", "leader",
-            "image", "footprint", "controlplane", "soak", "fuzz"]
+            "image", "footprint", "controlplane", "soak", "chaos", "fuzz"]
 
 
 def main() -> None:

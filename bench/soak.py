@@ -471,8 +471,9 @@ def _meta(args) -> dict:
     dirty = any(not line[3:].startswith(("bench/results/", "bench/RESULTS"))
                 for line in _git("status", "--porcelain").splitlines() if line.strip())
     return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "git": _git("rev-parse", "--short", "HEAD") + (" (+ uncommitted changes)"
-                                                           if dirty else ""),
+            # a snapshot (git archive) has no .git: the runner names the commit
+            "git": (_git("rev-parse", "--short", "HEAD") or os.environ.get("BENCH_GIT", "?"))
+            + (" (+ uncommitted changes)" if dirty else ""),
             "command": " ".join([".venv/bin/python bench/soak.py", *sys.argv[1:]]),
             "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
             "python": platform.python_version(), "loadavg": os.getloadavg()}
