@@ -312,6 +312,8 @@ def markdown(data: dict) -> str:
     for r in runs:
         lines.append(f"- {r['fault']}: {r['writes_by_kind']}; failed {r['failed_writes']}; "
                      f"timeline (s) {r['timeline_s']}")
+    for note in data.get("notes") or []:
+        lines += ["", note]
     lines += ["", f"Raw data: `{RESULTS_JSON.relative_to(ROOT)}`.", ""]
     return "\n".join(lines)
 
@@ -335,6 +337,7 @@ def parse_args(argv=None):
     p.add_argument("--merge", type=Path, nargs="+", default=None,
                    help="no run: write --out and the markdown from the runs of these files "
                         "(e.g. the faults of one invocation and those re-run in another)")
+    p.add_argument("--note", action="append", default=[], help="a paragraph for the section")
     return p.parse_args(argv)
 
 
@@ -350,7 +353,7 @@ def main(argv=None) -> int:
         parts = [json.loads(path.read_text()) for path in args.merge]
         data = {"meta": parts[0]["meta"], "settings": parts[0]["settings"],
                 "invocations": [p["meta"] for p in parts],
-                "runs": [r for p in parts for r in p["runs"]]}
+                "runs": [r for p in parts for r in p["runs"]], "notes": args.note}
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         text = markdown(data)
         print(text)
