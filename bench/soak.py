@@ -419,7 +419,8 @@ def run(args: argparse.Namespace) -> dict:
         repairs = len(load.repairs)
         last_pid = intervals[-1]["pid"] if intervals else None
         allocation = soak_alloc.allocation_report(
-            [i for i in intervals if i["pid"] == last_pid]) if intervals else {}
+            [i for i in intervals if i["pid"] == last_pid],
+            args.warmup_minutes * 60) if intervals else {}
         relists = {k: v for k, v in metrics.items() if k.startswith("k8s_http_informer_relists")}
         injected_410 = {r: proxy.injected_on[("gone_event", r)] + proxy.injected_on[("gone_watch", r)]
                         for r in ("my", "deployments", "services")}

@@ -78,8 +78,20 @@ def _load(path: str) -> tracemalloc.Snapshot:
         [tracemalloc.Filter(False, pattern) for pattern in _IGNORE])
 
 
-def allocation_report(intervals: list[dict]) -> dict:
-    """intervals: [{"t", "snapshot", ...}] in time order, one operator process."""
+def _growing_every_interval(sizes: list[dict[str, int]]) -> list[dict]:
+    every = []
+    if len(sizes) > 2:
+        for site in sizes[-1]:
+            steps = [b.get(site, 0) - a.get(site, 0) for a, b in zip(sizes, sizes[1:])]
+            if all(d > 0 for d in steps):
+                every.append({"site": site, "kib_per_interval": [d / 1024 for d in steps]})
+    every.sort(key=lambda e: -sum(e["kib_per_interval"]))
+    return every
+
+
+def allocation_report(intervals: list[dict], warmup_seconds: float = 0.0) -> dict:
+    """intervals: [{"t", "snapshot", ...}] in time order, one operator process. Sites
+    growing in every interval are also given for the intervals from `warmup_seconds` on."""
     snaps = [_load(i["snapshot"]) for i in intervals]
     sizes: list[dict[str, int]] = []
     for snap in snaps:
@@ -90,19 +102,15 @@ def allocation_report(intervals: list[dict]) -> dict:
         top = sorted(((d, s) for s, d in diffs.items() if d > 0), reverse=True)[:TOP]
         grew_per_interval.append({"total_kib": (sum(cur.values()) - sum(prev.values())) / 1024,
                                   "top": [{"site": s, "kib": d / 1024} for d, s in top]})
-    every = []
-    if len(sizes) > 2:
-        for site in sizes[-1]:
-            steps = [b.get(site, 0) - a.get(site, 0) for a, b in zip(sizes, sizes[1:])]
-            if all(d > 0 for d in steps):
-                every.append({"site": site, "kib_per_interval": [d / 1024 for d in steps]})
-    every.sort(key=lambda e: -sum(e["kib_per_interval"]))
+    warm = [size for size, i in zip(sizes, intervals) if i["t"] >= warmup_seconds]
     growth = {site: sizes[-1].get(site, 0) - sizes[0].get(site, 0) for site in sizes[-1]}
     top_sites = [s for s, d in sorted(growth.items(), key=lambda kv: -kv[1])[:TOP] if d > 0]
     return {
         "traced_mib": [sum(s.values()) / MIB for s in sizes],
         "grew_per_interval": grew_per_interval,
-        "sites_growing_every_interval": every,
+        "sites_growing_every_interval": _growing_every_interval(sizes),
+        "warmup_seconds": warmup_seconds,
+        "sites_growing_every_interval_after_warmup": _growing_every_interval(warm),
         "top_sites": top_sites,
         "top_site_kib": {site: [s.get(site, 0) / 1024 for s in sizes] for site in top_sites},
     }
@@ -202,12 +210,19 @@ def markdown(data: dict) -> list[str]:
         lines.append(f"| {i['t'] / 60:.1f} | {i['rss_mib']:.1f} | "
                      f"{traced[n] if n < len(traced) else float('nan'):.2f} | {i['threads']} | "
                      f"{i['fds']} | {i['sockets']} | {top} |")
-    every = alloc.get("sites_growing_every_interval") or []
-    lines += ["", f"Sites that grew in every interval: **{len(every)}**"
-              + (": " + "; ".join(f"`{e['site']}` ("
-                                  + ", ".join(f"{k:+.1f}" for k in e["kib_per_interval"])
-                                  + " KiB)" for e in every[:10]) if every else "") + ".", "",
-              "Top sites by growth from the first snapshot to the last (KiB at each snapshot):",
+    lines.append("")
+    for key, what in (("sites_growing_every_interval", "in every interval"),
+                      ("sites_growing_every_interval_after_warmup",
+                       f"in every interval from {alloc.get('warmup_seconds', 0) / 60:g} min on "
+                       "(the first, warm-up interval left out)")):
+        if key not in alloc:
+            continue
+        every = alloc[key]
+        lines += [f"Sites that grew {what}: **{len(every)}**"
+                  + (": " + "; ".join(f"`{e['site']}` ("
+                                      + ", ".join(f"{k:+.1f}" for k in e["kib_per_interval"])
+                                      + " KiB)" for e in every[:10]) if every else "") + ".", ""]
+    lines += ["Top sites by growth from the first snapshot to the last (KiB at each snapshot):",
               ""]
     for site, kib in (alloc.get("top_site_kib") or {}).items():
         lines.append(f"- `{site}`: " + ", ".join(f"{k:.0f}" for k in kib))
@@ -219,5 +234,10 @@ def markdown(data: dict) -> list[str]:
 
 if __name__ == "__main__":
     source = Path(sys.argv[1] if len(sys.argv) > 1 else HERE / "results" / "soak.json")
-    for written in write_svgs(json.loads(source.read_text()), source.parent):
+    data = json.loads(source.read_text())
+    if "--reanalyse" in sys.argv:      # again from the snapshot files, if they are still there
+        last = [i for i in data["intervals"] if i["pid"] == data["intervals"][-1]["pid"]]
+        data["allocation"] = allocation_report(last, data["settings"]["warmup_minutes"] * 60)
+        source.write_text(json.dumps(data, indent=1) + "\n")
+    for written in write_svgs(data, source.parent):
         print(written)

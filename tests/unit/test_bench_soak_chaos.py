@@ -46,9 +46,11 @@ def test_allocation_report_finds_the_site_that_grows_every_interval(tmp_path):
     finally:
         tracemalloc.stop()
         _kept.clear()
-    report = soak_alloc.allocation_report(intervals)
-    sites = [e["site"] for e in report["sites_growing_every_interval"]]
-    assert any(s.startswith("tests/unit/test_bench_soak_chaos.py:") for s in sites), sites
+    report = soak_alloc.allocation_report(intervals, warmup_seconds=60.0)
+    for key in ("sites_growing_every_interval", "sites_growing_every_interval_after_warmup"):
+        sites = [e["site"] for e in report[key]]
+        assert any(s.startswith("tests/unit/test_bench_soak_chaos.py:") for s in sites), sites
+    assert len(report["sites_growing_every_interval_after_warmup"][0]["kib_per_interval"]) == 2
     assert len(report["grew_per_interval"]) == 3
     assert len(report["traced_mib"]) == 4
     grower = next(s for s in report["top_sites"] if s.startswith("tests/unit/"))
