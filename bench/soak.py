@@ -183,16 +183,30 @@ class Sampler:
         self.healthz_failures = 0
         self._t0 = time.monotonic()
         self._stop = threading.Event()
+        self._released = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        """No more samples or restarts. The thread itself lives on until release():
+        an operator it restarted is tied to it (PR_SET_PDEATHSIG fires when the thread
+        that forked the child ends), and must outlive it until the run is done with it."""
         self._stop.set()
+
+    def release(self) -> None:
+        self._stop.set()
+        self._released.set()
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
+        try:
+            self._sample()
+        finally:
+            self._released.wait()
+
+    def _sample(self) -> None:
         while not self._stop.wait(self.interval):
             op = self.operator
             if not op.alive():
@@ -416,6 +430,7 @@ def run(args: argparse.Namespace) -> dict:
         sampler.stop()
         metrics = scrape(operator.metrics_port)
         exit_code = operator.stop()
+        sampler.release()
         repairs = len(load.repairs)
         last_pid = intervals[-1]["pid"] if intervals else None
         allocation = soak_alloc.allocation_report(
@@ -457,6 +472,8 @@ def run(args: argparse.Namespace) -> dict:
             sampler.stop()
         if operator is not None and operator.alive():
             operator.stop()
+        if sampler is not None:
+            sampler.release()
         if proxy is not None:
             proxy.stop()
         cluster.stop()
