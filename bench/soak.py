@@ -618,6 +618,7 @@ def markdown(data: dict) -> str:
           for s in timeline],
         "",
         *soak_alloc.markdown(data),
+        *[line for note in data.get("notes") or [] for line in (note, "")],
         "Raw data: `bench/results/soak.json`.",
     ]
     return "\n".join(lines) + "\n"
@@ -648,6 +649,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS_JSON)
     p.add_argument("--no-markdown", dest="markdown", action="store_false",
                    help=f"do not write {RESULTS_MD.name}")
+    p.add_argument("--note", action="append", default=[],
+                   help="a paragraph for the section (kept in the JSON)")
     p.add_argument("--from-json", type=Path, default=None,
                    help="only write the markdown from an earlier run's JSON")
     p.add_argument("--audit-log", type=Path, default=None,
@@ -664,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
             data.update(audit_figures(args.audit_log, stable, data["repairs"]),
                         audit_log=str(args.audit_log))
             data["audit_recomputed"] = True
+        if args.note:
+            data["notes"] = args.note
+        if args.audit_log or args.note:
             args.from_json.write_text(json.dumps(data, indent=1) + "\n")
     else:
         data = run(args)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -64,13 +65,15 @@ def take(pid: int, directory: Path, index: int, timeout: float = 120.0) -> Path 
     return None
 
 
+# The operator may run from another checkout (a `git archive` of a commit): sites are
+# named from the project's own directories, site-packages, or the standard library on.
+_SITE_ROOT = re.compile(r"^.*?/(?=(?:k8s_http|bench|tests)/|controller\.py$)|"
+                        r"^.*/site-packages/|^.*/lib/python3\.\d+/")
+
+
 def _site(stat) -> str:
     frame = stat.traceback[0]
-    name = frame.filename
-    for prefix in (str(ROOT) + "/", os.path.dirname(os.__file__) + "/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return f"{name}:{frame.lineno}"
+    return f"{_SITE_ROOT.sub('', frame.filename, count=1)}:{frame.lineno}"
 
 
 def _load(path: str) -> tracemalloc.Snapshot:
