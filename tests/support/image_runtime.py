@@ -89,6 +89,15 @@ class UnpackedImage:
         return cls(rootfs=bundle / "rootfs", entrypoint=list(process["args"]), env=env,
                    uid=int(process["user"]["uid"]), gid=int(process["user"]["gid"]))
 
+    def emulated(self, emulator: str) -> list[str]:
+        """The entrypoint run by a user-mode emulator copied into the root (/.qemu):
+        inside the chroot nothing of the host can stand in for a file the image
+        lacks, as qemu's -L would let it. An emulator runs ELF files only, so the
+        entrypoint's #! line is spelled out: its interpreter, then the script."""
+        shutil.copy(emulator, self.rootfs / ".qemu")
+        (shebang,) = (self.rootfs / self.entrypoint[0].lstrip("/")).read_text().splitlines()[:1]
+        return ["/.qemu", shebang.removeprefix("#!"), *self.entrypoint]
+
     def make_mount_point(self, relative: str) -> pathlib.Path:
         """mkdir -p inside the root, refusing any symlink on the way (it could lead out)."""
         path = self.rootfs
@@ -125,9 +134,11 @@ class PodSandbox:
     """The image's entrypoint in its own namespaces; see the module docstring."""
 
     def __init__(self, image: UnpackedImage, service_account_dir: pathlib.Path,
-                 log_path: pathlib.Path, *, name: str):
+                 log_path: pathlib.Path, *, name: str, emulator: str | None = None):
         self.image, self.service_account_dir, self.log_path = image, service_account_dir, log_path
         self.name = name            # the Pod's name: hostname and $HOSTNAME
+        # Another architecture's image: its entrypoint under this user-mode emulator.
+        self.emulator = emulator
         self.proc: subprocess.Popen | None = None
 
     def start(self, args: list[str], env: dict[str, str]) -> None:
@@ -143,7 +154,9 @@ class PodSandbox:
                 str(self.image.rootfs), str(self.service_account_dir), self.name,
                 *[f"{k}={v}" for k, v in full_env.items()],
                 "chroot", f"--userspec={user}", f"--groups={self.image.gid}",
-                str(self.image.rootfs), *self.image.entrypoint, *args]
+                str(self.image.rootfs),
+                *(self.image.emulated(self.emulator) if self.emulator else self.image.entrypoint),
+                *args]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
