@@ -186,6 +186,10 @@ class Manager:
         self._started_at = 0.0
         self._synced_lock = threading.Lock()
         self._synced_logged = False      # "caches synced" is logged once (guarded by _synced_lock)
+        # Whether "Starting workers" was logged for the current term (guarded by
+        # _synced_lock): once the caches are synced and, with leader election, the
+        # Lease is held -- when workers may really start, as controller-runtime says it.
+        self._workers_announced = False
         # The garbage collector while the caches fill, and frozen once they have (gctuning.py).
         self._cache_fill = CacheFill()
         self._exit_code = 0
@@ -348,7 +352,7 @@ class Manager:
 
     def _on_cache_synced(self) -> None:
         """Logged once, when the last cache has synced: from then on /readyz is 200
-        and the workers start (controller-runtime logs "Starting workers" there)."""
+        (a standby's too: its caches are warm for a takeover)."""
         with self._synced_lock:
             if self._synced_logged or not self._caches_synced():
                 return
@@ -357,7 +361,19 @@ class Manager:
         log.info("caches synced", extra={
             "seconds_since_start": round(self._clock() - self._started_at, 3),
             "objects": {str(i.resource): len(i.store) for i in self._informers.values()}})
-        for controller in self._controllers:     # controller-runtime's lines and keys
+        self._announce_workers()
+
+    def _announce_workers(self) -> None:
+        """controller-runtime's "Starting Controller" / "Starting workers" lines, with
+        its keys, when the workers may start: caches synced and, under leader
+        election, the Lease held (a standby's log does not say it works). Again in
+        each new term after a lost Lease."""
+        with self._synced_lock:
+            if self._workers_announced or not self._synced_logged or (
+                    self._elector is not None and not self._elector.is_leader()):
+                return
+            self._workers_announced = True
+        for controller in self._controllers:
             log.info("Starting Controller", extra=_controller_keys(controller))
             log.info("Starting workers", extra={**_controller_keys(controller),
                                                 "worker count": controller.runner.workers})
@@ -431,6 +447,7 @@ class Manager:
 
     def _on_started_leading(self) -> None:
         log.info("became leader; reconciling")
+        self._announce_workers()
 
     def _on_stopped_leading(self) -> None:
         """Lease lost: new reconciles already stopped (the gate reads is_leader()).
@@ -441,6 +458,8 @@ class Manager:
         """
         if self._stop.is_set():
             return
+        with self._synced_lock:
+            self._workers_announced = False
         log.warning("lost the leader lease; waiting for in-flight reconciles before campaigning")
         if not self._wait_idle(self.graceful_shutdown_timeout_seconds):
             log.error("in-flight reconciles did not finish within %.0f s after losing the "

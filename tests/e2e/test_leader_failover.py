@@ -137,8 +137,11 @@ def test_one_leader_reconciles_and_sigterm_hands_over_in_seconds(installed, api,
     assert standby.reconcile_records() == []
     assert standby.metric("controller_runtime_reconcile_total", controller="my") == 0
     assert standby.successful_writes() == dict.fromkeys(("POST", "PUT", "PATCH", "DELETE"), 0)
-    # ... although its cache is as warm as the leader's.
+    # ... although its cache is as warm as the leader's. And its log does not say it
+    # works: controller-runtime's "Starting workers" comes with the Lease.
     assert standby.metric("k8s_http_cache_objects", resource=str(MY)) == 3
+    assert "Starting workers" in leader.messages()
+    assert "Starting workers" not in standby.messages()
 
     # SIGTERM: the lease is released, the standby takes it at its next poll.
     mark = leader.log_mark()
@@ -157,6 +160,8 @@ def test_one_leader_reconciles_and_sigterm_hands_over_in_seconds(installed, api,
 
     # The new leader does the work now.
     eventually(standby.is_leader, timeout=10, interval=0.2)
+    eventually(lambda: "Starting workers" in standby.messages(), timeout=10, interval=0.2,
+               message="the new leader never said it starts its workers")
     api.patch(MY, "m0", {"spec": {"env": [{"name": "HANDED", "value": "over"}]}},
               namespace=namespace)
     eventually(lambda: api.get(DEPLOYMENTS, "m0", namespace=namespace)["spec"]["template"][
