@@ -41,6 +41,7 @@ so a new read of an unprojected field fails a test instead of comparing as missi
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable
 
@@ -56,21 +57,35 @@ class Interner:
     """A bounded table of shared strings (sys.intern's strings are immortal on some
     Pythons, and a cache must not pin the names of objects deleted long ago).
 
-    When the table reaches `max_entries` it is emptied: strings already shared stay
-    shared (their objects hold them), new ones start a new generation. Lookups are
-    dict operations, atomic under the GIL; the lock only guards the reset.
-    Integers are shared the same way (a key never equals a str and an int both).
+    Invariant: the table holds the strings some object still holds, plus those
+    added since the last sweep. A sweep drops every entry nothing but the table
+    refers to (the names, uids and values of objects deleted since: under churn
+    they would otherwise pile up to `max_entries`). It runs when the table has
+    doubled since the last one (never below `sweep_floor`), so its cost is
+    proportional to what was added. If, at `max_entries`, the live strings
+    alone still fill more than half of it, the table is emptied instead:
+    strings already shared stay shared (their objects hold them), new ones
+    start a new generation.
+
+    Lookups are dict operations, atomic under the GIL; the lock only keeps two
+    sweeps apart. A sweep racing a lookup may drop a string just handed out:
+    that string stays correct where it went, and is merely not shared with the
+    next equal one. Integers are shared the same way (a key never equals a str
+    and an int both).
 
     `repeated(s, _)` is for strings that are mostly unique: it shares `s` only
     when it has met it before among its last `window` first sightings, and so
     adds to the table only strings that do repeat.
     """
 
-    def __init__(self, max_entries: int = 1 << 18, window: int = 1 << 12):
+    def __init__(self, max_entries: int = 1 << 18, window: int = 1 << 12,
+                 sweep_floor: int = 1 << 12):
         self.max_entries = max_entries
         self.window = window
+        self.sweep_floor = sweep_floor
         self._table: dict[str, str] = {}
         self._first_seen: dict[str, str] = {}
+        self._sweep_at = min(sweep_floor, max_entries)
         self._lock = threading.Lock()
 
     def __call__(self, value: str) -> str:
@@ -78,12 +93,30 @@ class Interner:
         found = table.get(value)
         if found is not None:
             return found
-        if len(table) >= self.max_entries:
-            with self._lock:
-                if self._table is table:
-                    self._table = {}
+        if len(table) >= self._sweep_at:
+            self._sweep()
             table = self._table
         return table.setdefault(value, value)
+
+    def _sweep(self) -> None:
+        """Drop the entries only the table refers to (see the class invariant)."""
+        if not self._lock.acquire(blocking=False):
+            return                          # another thread is sweeping
+        try:
+            table = self._table
+            if len(table) < self._sweep_at:
+                return
+            at_the_bound = self._sweep_at >= self.max_entries
+            for value in list(table):
+                # References to an unheld entry: the table's key and value (one
+                # object), the list, the loop variable and getrefcount's argument.
+                if sys.getrefcount(value) <= _HELD_BY_THE_SWEEP_ALONE:
+                    table.pop(value, None)
+            if at_the_bound and len(table) > self.max_entries // 2:
+                self._table = table = {}
+            self._sweep_at = min(self.max_entries, max(self.sweep_floor, 2 * len(table)))
+        finally:
+            self._lock.release()
 
     def __len__(self) -> int:
         return len(self._table)
@@ -108,12 +141,13 @@ class Interner:
         """The current table's `setdefault`, for interning many strings in a row
         (`intern(s, s)`: one C call each, where `self(s)` is a Python call). The
         size limit is checked here, once per batch: a batch may overshoot it."""
-        if len(self._table) >= self.max_entries:
-            with self._lock:
-                if len(self._table) >= self.max_entries:
-                    self._table = {}
+        if len(self._table) >= self._sweep_at:
+            self._sweep()
         return self._table.setdefault
 
+
+# sys.getrefcount of a string only the table and a sweep's loop refer to.
+_HELD_BY_THE_SWEEP_ALONE = 5
 
 INTERNER = Interner()
 

@@ -461,3 +461,54 @@ def test_no_generated_source_holds_anything_from_the_objects(monkeypatch):
     callers = sorted(f.name for f in package.glob("*.py")
                      if re.search(r"\b(exec|eval)\(", f.read_text()))
     assert callers == ["packcode.py"]
+
+
+def _churn(store, projection_interner, rounds: int, per_round: int) -> list[int]:
+    """Objects created and deleted in rounds, each with strings of its own (a
+    name, a uid, an env value, a condition's time), as an operator sees under
+    churn; the table's size after each round."""
+    sizes = []
+    for r in range(rounds):
+        objs = [{"metadata": {"name": f"web-{r}-{i}", "namespace": "team-a",
+                              "uid": f"uid-{r}-{i}"},
+                 "spec": {"env": [{"name": "V", "value": f"value-{r}-{i}"}]},
+                 "status": {"conditions": [{"type": "Ready",
+                                            "lastTransitionTime": f"t-{r}-{i}"}]}}
+                for i in range(per_round)]
+        for obj in objs:
+            store.upsert(obj)
+        del objs
+        for key in store.keys():
+            store.delete(key)
+        sizes.append(len(projection_interner))
+    return sizes
+
+
+def test_strings_no_cached_object_holds_leave_the_intern_table():
+    # The soak of issue 36 saw strings decoded from watch lines (watchproto's
+    # JSON scan) grow in every interval: names, uids and values of objects
+    # deleted long ago, pinned by this table until it filled at max_entries.
+    interner = Interner(sweep_floor=64)
+    store = Store(transform=Projection(["metadata", "spec", "status"], interner=interner))
+    sizes = _churn(store, interner, rounds=40, per_round=100)
+    # 100 live objects hold ~5 strings each of their own, plus the shared keys.
+    assert max(sizes) < 2 * (64 + 100 * 5 + 20), sizes
+
+
+def test_a_sweep_keeps_every_string_an_object_still_holds_and_sharing_goes_on():
+    interner = Interner(sweep_floor=8)
+    held = [interner("".join(["kept", str(i)])) for i in range(50)]
+    for i in range(500):
+        interner("".join(["gone", str(i)]))
+    assert len(interner) < 50 + 2 * 8 + 50          # the unheld ones were swept
+    for i, s in enumerate(held):
+        assert interner("".join(["kept", str(i)])) is s     # still shared
+    small_ints = interner(7)
+    assert small_ints == 7
+
+
+def test_a_live_set_beyond_half_the_bound_still_empties_the_table():
+    interner = Interner(max_entries=100, sweep_floor=8)
+    held = [interner(f"h{i}") for i in range(300)]
+    assert len(interner) <= 100
+    assert held[-1] == "h299"
