@@ -171,13 +171,14 @@ def test_copied_files_exist_and_are_in_the_build_context():
         if ins == "COPY":
             *srcs, _dest = shlex.split(args)
             sources += [s for s in srcs if not s.startswith("--")]
-    assert {"controller.py", "k8s_http/", "image/packages.lock", "image/requirements.lock",
+    assert {"controller.py", "k8s_http/", "my/", "image/packages.lock", "image/requirements.lock",
             "image/strip.list", "image/assemble.sh"} <= set(sources)
     for src in sources:
         assert (ROOT / src).exists(), f"COPY {src}: missing from the repository"
         assert not _ignored(src.rstrip("/"), patterns), f"{src} is excluded by .dockerignore"
     for unwanted in (".venv/bin/python", ".git/config", "tests/unit/test_controller.py",
-                     ".cluster/state.json", "k8s_http/__pycache__/x.pyc", "bench/footprint.py",
+                     ".cluster/state.json", "k8s_http/__pycache__/x.pyc", "my/__pycache__/x.pyc",
+                     "bench/footprint.py",
                      "build/rootfs.tar", "image/build.sh"):
         assert _ignored(unwanted, patterns), unwanted
 
