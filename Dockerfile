@@ -23,6 +23,7 @@ WORKDIR /src
 COPY image/packages.lock image/requirements.lock image/strip.list image/assemble.sh image/
 COPY controller.py ./
 COPY k8s_http/ k8s_http/
+COPY my/ my/
 # 1. the `keep` packages of the lock, at their pinned versions, extracted (no
 #    dpkg database, no maintainer scripts: what mmdebstrap --variant=extract does);
 # 2. the hash-pinned wheels, installed by the builder's pip into the root;

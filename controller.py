@@ -11,33 +11,29 @@ both controlled by the `My` (so the garbage collector deletes them with it), and
 reports `observedGeneration`, replica counts, the selector and a ``Ready``
 condition on the `My`'s status subresource.
 
-Layout of this file, top to bottom:
+What a `My` means is the ``my`` package, pure and unit-tested on its own:
+``my.spec`` (the resource, its defaults, validation), ``my.render`` (the
+children's apply configurations, the foreign-entries patch) and ``my.status``
+(the Ready condition, the status to write). This file is the I/O around them:
 
-  1. constants and small pure helpers (labels);
-  2. ``validate_spec`` / ``validate_my``: what the controller can use;
-  3. ``render_deployment`` / ``render_service``: the apply configurations;
-  4. ``foreign_entries_patch``: other managers' entries in the fields the My decides
-     (whether an apply would change a child is k8s_http's ``needs_apply``);
-  5. ``desired_status`` / ``status_changed``;
-  6. ``MyReconciler``: the level-based reconcile, reading caches, writing little
+  1. the reconciler's numbers, and what the caches keep (``PROJECTIONS``);
+  2. ``MyReconciler``: the level-based reconcile, reading caches, writing little
      (its generic policies are k8s_http's: ``StatusHold``, ``SettledVersions``,
      ``GenerationMemo``, ``PodCheckSchedule``, ``write_through``);
-  7. ``main``: flags, configuration errors as one line, the Manager
+  3. ``main``: flags, configuration errors as one line, the Manager
      (``run_manager``: a port that cannot be bound is a flag error).
 
-Everything above ``MyReconciler`` is pure and unit-tested on its own. This
-module imports only the standard library and the ``k8s_http`` package root.
+This module imports only the standard library, the ``k8s_http`` package root
+and ``my``; nothing in ``my`` imports it.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import sys
 import time
-from fractions import Fraction
 from typing import Callable, Mapping, NamedTuple
 
 from k8s_http import (
@@ -66,99 +62,33 @@ from k8s_http import (
     controller_of,
     get_condition,
     is_controlled_by,
-    is_dns1035_label,
-    is_dns1123_subdomain,
-    is_env_var_name,
     is_namespace_terminating,
-    is_resource_name,
     load_config,
     meta_of,
     needs_apply,
-    owner_reference,
-    parse_quantity,
     pod_problem,
-    port_key,
     resource_version_of,
     rfc3339_now,
-    set_condition,
     setup_logging,
-    with_config_hash,
     write_through,
 )
 from k8s_http import (add_manager_flags, flag_error, manager_options, new_parser, positive_int,
                       run_manager, with_flag_names)
 from k8s_http import __version__
 
+from my.render import foreign_entries_patch, render_deployment, render_service
+from my.spec import (CONFIG_HASH_ANNOTATION, FIELD_MANAGER, LABEL_INSTANCE, LABEL_MANAGED_BY,
+                     LABEL_NAME, MANAGED_SELECTOR, MAX_REPLICAS, MY, NAME, effective_spec,
+                     selector_string, validate_my)
+from my.status import (APPLY_FAILED, CONDITION_READY, CONFLICT, INVALID_SPEC,
+                       PROGRESS_DEADLINE_EXCEEDED, REPLICA_FAILURE, WARNING_REASONS,
+                       desired_status, is_rollout_pending, pods_worth_reading, ready_summary,
+                       same_inputs, status_changed)
+
 log = logging.getLogger("my_controller")
 
 # --------------------------------------------------------------------------
-# 1. Constants and small helpers
-
-MY = Resource("mine.jp", "v1", "my", namespaced=True, kind="My")
-
-NAME = "my-controller"              # field manager, event source, manager name
-FIELD_MANAGER = NAME
-
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-APP_NAME = "my"
-# The owned watches use this selector, so the caches hold only our children.
-MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={NAME}"
-
-# A hash of everything else in the apply configuration, carried on the child.
-# Why: `needs_apply` is a subset test (desired fields present in live), which
-# cannot see a field we *stopped* setting (an env var removed from the spec is
-# still on the live Deployment, so "desired ⊆ live" holds). Server-side apply
-# removes such a field only when we apply again; the hash changes whenever the
-# configuration does, so the subset test fails and we do apply.
-CONFIG_HASH_ANNOTATION = "mine.jp/config-hash"
-
-CONTAINER_NAME = "app"
-SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
-DEFAULT_REPLICAS = 1
-DEFAULT_PORT = 8080
-DEFAULT_SERVICE_TYPE = "ClusterIP"
-MAX_REPLICAS = 100
-MAX_IMAGE_CHARS = 512
-MAX_ENV = 64
-# The sources an env var may take its value from (spec.env[].valueFrom).
-ENV_KEY_REFS = ("secretKeyRef", "configMapKeyRef")
-MAX_INT32 = 2**31 - 1
-MAX_INT64 = 2**63 - 1
-
-# The security contexts a My may ask for: only fields that restrict what the
-# pod may do, never ones that grant (privileged, capabilities.add, host
-# namespaces, procMount, Unconfined seccomp). Whoever may create a My must not
-# get more than whoever may create a Deployment under the namespace's Pod
-# Security. The CRD schema says the same (manifests/crd.yaml); a type is bool,
-# int, str, list (of capability names), a tuple (an enum) or a nested dict.
-_PROFILE = {"type": ("RuntimeDefault", "Localhost"), "localhostProfile": str}
-POD_SECURITY_FIELDS: dict = {
-    "runAsNonRoot": bool, "runAsUser": int, "runAsGroup": int, "fsGroup": int,
-    "seccompProfile": _PROFILE, "appArmorProfile": _PROFILE,
-}
-CONTAINER_SECURITY_FIELDS: dict = {
-    "runAsNonRoot": bool, "runAsUser": int, "runAsGroup": int,
-    "seccompProfile": _PROFILE, "appArmorProfile": _PROFILE,
-    "allowPrivilegeEscalation": bool, "readOnlyRootFilesystem": bool,
-    "capabilities": {"drop": list},
-}
-
-CONDITION_READY = "Ready"
-# Ready condition reasons (SPEC §2).
-AVAILABLE = "Available"
-PROGRESSING = "Progressing"
-INVALID_SPEC = "InvalidSpec"
-CONFLICT = "Conflict"
-APPLY_FAILED = "ApplyFailed"
-# The workload's own failures, from the Deployment's conditions: its ReplicaSet
-# cannot create pods (quota, Pod Security admission, ...), or the rollout made
-# no progress within spec.progressDeadlineSeconds.
-REPLICA_FAILURE = "ReplicaFailure"
-PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
-# Reasons reported with one Warning event when they appear (not at every write).
-WARNING_REASONS = (INVALID_SPEC, CONFLICT, REPLICA_FAILURE, PROGRESS_DEADLINE_EXCEEDED)
+# 1. The reconciler's numbers, and what the caches keep
 
 # A conflicting child that is not ours is not in our label-selected caches, so
 # nothing we watch changes when its owner deletes it: the Manager watches that
@@ -196,16 +126,17 @@ RENDER_MEMO_SIZE = 1024
 # Deployment controller takes to answer (an exponentially weighted mean).
 ANSWER_TIME_WEIGHT = 0.2
 
-# What the caches keep (k8s_http.Projection): exactly the fields this file reads
-# from cached objects, everything else is dropped on the way in (list, watch,
-# our own write answers). Declared here, beside the constants the readers use;
-# a read of a field not listed fails tests/unit/test_controller.py, whose stores
-# raise on dropped keys (Projection.guarded). Readers are named per group.
+# What the caches keep (k8s_http.Projection): exactly the fields the reconciler
+# and the ``my`` functions it hands cached objects to read, everything else is
+# dropped on the way in (list, watch, our own write answers). Declared here,
+# where the caches are made; a read of a field not listed fails
+# tests/unit/test_controller.py, whose stores raise on dropped keys
+# (Projection.guarded). Readers are named per group.
 _CHILD_META = (
     "apiVersion", "kind",                               # needs_apply (desired has them)
     "metadata.name", "metadata.namespace",              # keys, needs_apply
     "metadata.resourceVersion",                         # Store.end_write, "Updated" events
-    "metadata.generation",                              # _readiness, _is_rollout_pending
+    "metadata.generation",                              # my.status: readiness, rollout
     ("metadata", "labels", LABEL_NAME), ("metadata", "labels", LABEL_INSTANCE),
     ("metadata", "labels", LABEL_MANAGED_BY),           # needs_apply: our labels only
     ("metadata", "annotations", CONFIG_HASH_ANNOTATION),  # needs_apply, _ensure_child
@@ -227,7 +158,7 @@ DEPLOYMENT_PROJECTION = Projection(_CHILD_META + (
     "spec.template.spec.containers[].securityContext",
     "spec.template.spec.containers[].env[].name", "spec.template.spec.containers[].env[].value",
     "spec.template.spec.containers[].env[].valueFrom",
-    # desired_status, _readiness, _workload_failure, _is_rollout_pending
+    # my.status: desired_status, is_rollout_pending, pods_worth_reading
     "status.observedGeneration", "status.replicas", "status.readyReplicas",
     "status.updatedReplicas", "status.conditions[].type", "status.conditions[].status",
     "status.conditions[].reason", "status.conditions[].message",
@@ -249,569 +180,8 @@ MY_PROJECTION = Projection((
 PROJECTIONS = {MY: MY_PROJECTION, DEPLOYMENTS: DEPLOYMENT_PROJECTION,
                SERVICES: SERVICE_PROJECTION}
 
-def labels_for(name: str) -> dict[str, str]:
-    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_MANAGED_BY: NAME}
-
-
-def selector_for(name: str) -> dict[str, str]:
-    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name}
-
-
-def selector_string(name: str) -> str:
-    """The selector as `status.selector` (and `kubectl get -l`) spell it: sorted keys."""
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_for(name).items()))
-
-
-def effective_spec(spec: dict | None) -> dict:
-    """The spec with the CRD's defaults filled in (the apiserver normally did it already)."""
-    spec = dict(spec or {})
-    spec.setdefault("replicas", DEFAULT_REPLICAS)
-    spec.setdefault("port", DEFAULT_PORT)
-    spec.setdefault("serviceType", DEFAULT_SERVICE_TYPE)
-    return spec
-
-
 # --------------------------------------------------------------------------
-# 2. Validation: what the controller can use
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def validate_spec(spec: object) -> list[str]:
-    """Problems that make the spec unusable; [] when it is fine.
-
-    Re-checks what the CRD schema says (the CRD may be old, edited, or missing
-    its defaults), plus what the apiserver would reject on the children and the
-    schema cannot say: duplicate env names (server-side apply refuses duplicate
-    keys in a keyed list) and requests above limits. Catching these here turns
-    an endless apply-fail-retry loop into one InvalidSpec status.
-    """
-    if not isinstance(spec, dict):
-        return ["spec: must be an object"]
-    errors: list[str] = []
-    spec = effective_spec(spec)
-
-    image = spec.get("image")
-    if not isinstance(image, str) or not image:
-        errors.append("spec.image: required, a non-empty string such as postgres:16")
-    elif len(image) > MAX_IMAGE_CHARS:
-        errors.append(f"spec.image: at most {MAX_IMAGE_CHARS} characters (got {len(image)})")
-    elif any(c.isspace() for c in image):
-        errors.append("spec.image: must not contain whitespace")
-
-    replicas = spec["replicas"]
-    if not _is_int(replicas) or not 0 <= replicas <= MAX_REPLICAS:
-        errors.append(f"spec.replicas: an integer from 0 to {MAX_REPLICAS} (got {replicas!r})")
-
-    port = spec["port"]
-    if not _is_int(port) or not 1 <= port <= 65535:
-        errors.append(f"spec.port: an integer from 1 to 65535 (got {port!r})")
-
-    if spec["serviceType"] not in SERVICE_TYPES:
-        errors.append(f"spec.serviceType: one of {', '.join(SERVICE_TYPES)} "
-                      f"(got {spec['serviceType']!r})")
-
-    deadline = spec.get("progressDeadlineSeconds")
-    if deadline is not None and (not _is_int(deadline) or not 1 <= deadline <= MAX_INT32):
-        errors.append(f"spec.progressDeadlineSeconds: an integer from 1 to {MAX_INT32} "
-                      f"(got {deadline!r})")
-
-    errors.extend(_validate_env(spec.get("env")))
-    errors.extend(_validate_resources(spec.get("resources")))
-    errors.extend(_validate_security_context(spec.get("podSecurityContext"),
-                                             "spec.podSecurityContext", POD_SECURITY_FIELDS))
-    errors.extend(_validate_security_context(spec.get("securityContext"),
-                                             "spec.securityContext", CONTAINER_SECURITY_FIELDS))
-    return errors
-
-
-def _validate_security_context(value: object, where: str, fields: dict) -> list[str]:
-    """Only the restricting fields in `fields` (see POD_SECURITY_FIELDS), with their types."""
-    if value is None:
-        return []
-    if not isinstance(value, dict):
-        return [f"{where}: must be an object"]
-    errors = []
-    for name, item in value.items():
-        kind = fields.get(name)
-        here = f"{where}.{name}"
-        if kind is None:
-            errors.append(f"{here}: not supported (allowed: {', '.join(sorted(fields))}; "
-                          "fields that grant privileges are refused)")
-        elif kind is bool and not isinstance(item, bool):
-            errors.append(f"{here}: must be true or false")
-        elif kind is int and (not _is_int(item) or not 0 <= item <= MAX_INT64):
-            errors.append(f"{here}: a non-negative integer (got {item!r})")
-        elif isinstance(kind, dict):
-            errors.extend(_validate_security_context(item, here, kind))
-            if kind is _PROFILE and isinstance(item, dict):
-                errors.extend(_validate_profile(item, here))
-        elif isinstance(kind, tuple):                     # an enum
-            if item not in kind:
-                errors.append(f"{here}: one of {', '.join(kind)} (got {item!r})")
-        elif kind is str and (not isinstance(item, str) or not item):
-            errors.append(f"{here}: a non-empty string")
-        elif kind is list and (not isinstance(item, list)
-                               or not all(isinstance(c, str) and c for c in item)):
-            errors.append(f"{here}: a list of capability names")
-    return errors
-
-
-def _validate_profile(profile: dict, where: str) -> list[str]:
-    """What the apiserver checks on the pod: a Localhost profile names its file, others do not."""
-    if "type" not in profile:
-        return [f"{where}.type: required (RuntimeDefault or Localhost)"]
-    if (profile.get("type") == "Localhost") != ("localhostProfile" in profile):
-        return [f"{where}.localhostProfile: required with type Localhost, and only with it"]
-    return []
-
-
-def _validate_env(env: object) -> list[str]:
-    if env is None:
-        return []
-    if not isinstance(env, list):
-        return ["spec.env: must be a list of {name, value} or {name, valueFrom}"]
-    errors = []
-    if len(env) > MAX_ENV:
-        errors.append(f"spec.env: at most {MAX_ENV} items (got {len(env)})")
-    seen: set[str] = set()
-    for i, item in enumerate(env[:MAX_ENV + 1]):
-        where = f"spec.env[{i}]"
-        if not isinstance(item, dict):
-            errors.append(f"{where}: must be an object with name and value (or valueFrom)")
-            continue
-        unknown = sorted(set(item) - {"name", "value", "valueFrom"})
-        if unknown:
-            errors.append(f"{where}: unsupported field(s) {', '.join(unknown)}")
-        name = item.get("name")
-        if not is_env_var_name(name):
-            errors.append(f"{where}.name: a variable name of letters, digits, '_', '-' or '.', "
-                          f"not starting with a digit (got {name!r})")
-        elif name in seen:
-            errors.append(f"{where}.name: duplicate name {name!r}")
-        else:
-            seen.add(name)
-        value = item.get("value")
-        if value is not None and not isinstance(value, str):
-            errors.append(f"{where}.value: must be a string (quote numbers and booleans)")
-        if "valueFrom" in item:
-            if value is not None:
-                errors.append(f"{where}: give either value or valueFrom, not both")
-            errors.extend(_validate_value_from(item["valueFrom"], f"{where}.valueFrom"))
-    return errors
-
-
-def _validate_value_from(source: object, where: str) -> list[str]:
-    """valueFrom: exactly one key reference, to a Secret or ConfigMap in the My's
-    own namespace (a Pod can reach no other), so a My grants nothing a Pod lacks."""
-    if not isinstance(source, dict) or len(source) != 1 or \
-            next(iter(source)) not in ENV_KEY_REFS:
-        return [f"{where}: must hold exactly one of {', '.join(ENV_KEY_REFS)}"]
-    kind, ref = next(iter(source.items()))
-    where = f"{where}.{kind}"
-    if not isinstance(ref, dict):
-        return [f"{where}: must be an object with name and key"]
-    errors = []
-    unknown = sorted(set(ref) - {"name", "key", "optional"})
-    if unknown:
-        errors.append(f"{where}: unsupported field(s) {', '.join(unknown)}")
-    if not is_dns1123_subdomain(ref.get("name")):
-        errors.append(f"{where}.name: a lowercase DNS subdomain name (got {ref.get('name')!r})")
-    key = ref.get("key")
-    if not (isinstance(key, str) and 0 < len(key) <= 253 and
-            all(c.isascii() and (c.isalnum() or c in "-._") for c in key)):
-        errors.append(f"{where}.key: letters, digits, '-', '_' or '.' (got {key!r})")
-    if "optional" in ref and not isinstance(ref["optional"], bool):
-        errors.append(f"{where}.optional: must be true or false")
-    return errors
-
-
-def _validate_resources(resources: object) -> list[str]:
-    if resources is None:
-        return []
-    if not isinstance(resources, dict):
-        return ["spec.resources: must be an object with requests and/or limits"]
-    errors = []
-    unknown = sorted(set(resources) - {"requests", "limits"})
-    if unknown:
-        errors.append(f"spec.resources: unsupported field(s) {', '.join(unknown)}")
-    parsed: dict[str, dict[str, Fraction]] = {}
-    for section in ("requests", "limits"):
-        values = resources.get(section)
-        if values is None:
-            continue
-        if not isinstance(values, dict):
-            errors.append(f"spec.resources.{section}: must be a map of resource name to quantity")
-            continue
-        parsed[section] = {}
-        for name, value in values.items():
-            where = f"spec.resources.{section}.{name}"
-            if not is_resource_name(name):
-                errors.append(f"{where}: invalid resource name")
-                continue
-            try:
-                parsed[section][name] = parse_quantity(value)
-            except ValueError as err:
-                errors.append(f"{where}: {err}")
-    # The apiserver rejects a pod template whose request exceeds its limit.
-    for name, request in parsed.get("requests", {}).items():
-        limit = parsed.get("limits", {}).get(name)
-        if limit is not None and request > limit:
-            errors.append(f"spec.resources.requests.{name}: must not exceed "
-                          f"spec.resources.limits.{name}")
-    return errors
-
-
-def validate_my(my: dict) -> list[str]:
-    """validate_spec plus the rules the children put on the My's own name."""
-    name = meta_of(my).get("name") or ""
-    errors = []
-    # The Service is named after the My: an RFC 1035 label (at most 63
-    # characters, which the instance label's value also requires).
-    if not is_dns1035_label(name):
-        errors.append(f"metadata.name: {name!r} cannot name a Service: use at most 63 "
-                      "lowercase letters, digits and '-', starting with a letter")
-    return errors + validate_spec(my.get("spec"))
-
-
-# --------------------------------------------------------------------------
-# 3. Rendering: the apply configurations
-
-
-def _child_metadata(my: dict) -> dict:
-    meta = my["metadata"]
-    return {"name": meta["name"], "namespace": meta.get("namespace") or "default",
-            "labels": labels_for(meta["name"]),
-            "ownerReferences": [owner_reference(my, resource=MY)]}
-
-
-def render_deployment(my: dict) -> dict:
-    """The Deployment apply configuration for `my` (a validated My).
-
-    Only the fields we own: server-side apply leaves everything else (server
-    defaults, other managers' fields) alone, and removes what we stop sending.
-    """
-    name = my["metadata"]["name"]
-    spec = effective_spec(my.get("spec"))
-    pod: dict = {"containers": [_render_container(spec)]}
-    if spec.get("podSecurityContext"):
-        pod["securityContext"] = copy.deepcopy(spec["podSecurityContext"])
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _child_metadata(my),
-        "spec": {
-            "replicas": spec["replicas"],
-            "selector": {"matchLabels": selector_for(name)},
-            "template": {
-                "metadata": {"labels": labels_for(name)},
-                "spec": pod,
-            },
-        },
-    }
-    if spec.get("progressDeadlineSeconds") is not None:
-        deployment["spec"]["progressDeadlineSeconds"] = spec["progressDeadlineSeconds"]
-    return with_config_hash(deployment, CONFIG_HASH_ANNOTATION)
-
-
-def _render_container(spec: dict) -> dict:
-    """The ``app`` container of the Deployment's pod template, from the effective spec."""
-    container: dict = {
-        "name": CONTAINER_NAME,
-        "image": spec["image"],
-        # protocol is sent explicitly: it is part of the list key (containerPort, protocol).
-        "ports": [{"containerPort": spec["port"], "protocol": "TCP"}],
-    }
-    env = []
-    for item in spec.get("env") or []:
-        entry = {"name": item["name"]}
-        # The apiserver drops an empty value (omitempty); sending "" would make the
-        # live object differ from the desired one forever.
-        if item.get("value"):
-            entry["value"] = item["value"]
-        elif item.get("valueFrom"):
-            entry["valueFrom"] = copy.deepcopy(item["valueFrom"])
-        env.append(entry)
-    if env:
-        container["env"] = env
-    resources = {}
-    for section in ("requests", "limits"):
-        values = (spec.get("resources") or {}).get(section) or {}
-        if values:
-            resources[section] = {k: str(v) for k, v in values.items()}
-    if resources:
-        container["resources"] = resources
-    if spec.get("securityContext"):
-        container["securityContext"] = copy.deepcopy(spec["securityContext"])
-    return container
-
-
-def render_service(my: dict) -> dict:
-    """The Service apply configuration for `my`: type, selector, port -> targetPort, TCP."""
-    name = my["metadata"]["name"]
-    spec = effective_spec(my.get("spec"))
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _child_metadata(my),
-        "spec": {
-            "type": spec["serviceType"],
-            "selector": selector_for(name),
-            "ports": [{"port": spec["port"], "targetPort": spec["port"], "protocol": "TCP"}],
-        },
-    }
-    return with_config_hash(service, CONFIG_HASH_ANNOTATION)
-
-
-# --------------------------------------------------------------------------
-# 4. Fields the spec decides hold nothing of anybody else's
-
-def foreign_entries_patch(desired: dict, live: dict | None) -> dict | None:
-    """A strategic merge patch that removes what other field managers added
-    inside the fields the My's spec decides; None when there is nothing.
-
-    Server-side apply cannot do this: it merges our list entries with other
-    managers' (a foreign Service port beside ours, an env var on our
-    container) and only the manager that set a field can drop it by applying.
-    The merge may even be invalid: two unnamed Service ports are a 422, so a
-    forced apply fails for ever. The decided fields are: the Service's ports;
-    the ``app`` container's ports, env, resources and securityContext. Entries
-    are deleted by their strategic-merge key, map keys by null. Everything
-    else (annotations, extra labels, injected containers, server defaults) is
-    left alone. Service ports: ours are stated in the same patch, so the
-    Service is never without a port.
-    """
-    if live is None:
-        return None
-    if desired.get("kind") == "Service":
-        return _foreign_service_ports(desired, live)
-    return _foreign_in_app_container(desired, live)
-
-
-def _foreign_service_ports(desired: dict, live: dict) -> dict | None:
-    ours = desired["spec"]["ports"]
-    wanted = {port_key(p) for p in ours}
-    foreign = [p for p in (live.get("spec") or {}).get("ports") or []
-               if isinstance(p, dict) and port_key(p) not in wanted]
-    if not foreign:
-        return None
-    # Merge key of Service ports in a strategic merge patch: `port` (so a foreign
-    # entry on one of our port numbers cannot be deleted without ours).
-    our_ports = {p["port"] for p in ours}
-    deletes = [{"port": p.get("port"), "$patch": "delete"} for p in foreign
-               if p.get("port") not in our_ports]
-    return {"spec": {"ports": deletes + [dict(p) for p in ours]}}
-
-
-def _foreign_in_app_container(desired: dict, live: dict) -> dict | None:
-    want = desired["spec"]["template"]["spec"]["containers"][0]
-    pod = ((live.get("spec") or {}).get("template") or {}).get("spec") or {}
-    have = next((c for c in pod.get("containers") or []
-                 if isinstance(c, dict) and c.get("name") == want["name"]), None)
-    if have is None:
-        return None          # the apply adds our container; nothing foreign to remove
-    patch: dict = {}
-    ports = {port_key(p) for p in want.get("ports") or []}
-    extra_ports = {p.get("containerPort") for p in have.get("ports") or []
-                   if isinstance(p, dict) and port_key(p) not in ports}
-    if extra_ports:
-        patch["ports"] = [{"containerPort": port, "$patch": "delete"}
-                          for port in sorted(extra_ports, key=str)]
-    env = {e["name"] for e in want.get("env") or []}
-    extra_env = [e.get("name") for e in have.get("env") or []
-                 if isinstance(e, dict) and e.get("name") not in env]
-    if extra_env:
-        patch["env"] = [{"name": name, "$patch": "delete"} for name in extra_env]
-    resources = _foreign_resources(want.get("resources") or {}, have.get("resources") or {})
-    if resources:
-        patch["resources"] = resources
-    security = _foreign_keys(want.get("securityContext"), have.get("securityContext"))
-    if security is not None:
-        patch["securityContext"] = security
-    if not patch:
-        return None
-    return {"spec": {"template": {"spec": {"containers": [{"name": want["name"], **patch}]}}}}
-
-
-def _foreign_resources(want: dict, have: dict) -> dict:
-    patch = {}
-    for section in ("requests", "limits"):
-        extra = [name for name in (have.get(section) or {})
-                 if name not in (want.get(section) or {})
-                 # the apiserver defaults a missing request to its limit
-                 and not (section == "requests" and name in (want.get("limits") or {}))]
-        if extra:
-            patch[section] = {name: None for name in extra}
-    return patch
-
-
-def _foreign_keys(want: object, have: object) -> object:
-    """The keys of map `have` that `want` lacks, as nulls (nested maps recursed); None if none."""
-    if not isinstance(have, dict) or not have:
-        return None
-    if not isinstance(want, dict):
-        return None if want is not None else {key: None for key in have}
-    patch = {}
-    for key, value in have.items():
-        if key not in want:
-            patch[key] = None
-        elif isinstance(want[key], dict):
-            nested = _foreign_keys(want[key], value)
-            if nested is not None:
-                patch[key] = nested
-    return patch or None
-
-
-# --------------------------------------------------------------------------
-# 5. Status
-
-
-def _readiness(spec: dict, deployment: dict | None, pod_cause: str | None = None
-               ) -> tuple[str, str, str]:
-    """(status, reason, message) of the Ready condition from the Deployment, and
-    `pod_cause` (what the Pods show, see pod_problem) appended when not ready.
-
-    SPEC: Available when ready >= desired. We also require the Deployment
-    controller to have seen the current Deployment spec and to have rolled it
-    out to every replica; otherwise the old ReplicaSet's ready pods would make
-    an image change look Available before a single new pod runs.
-    """
-    desired = spec.get("replicas", DEFAULT_REPLICAS)
-    if deployment is None:
-        return "False", PROGRESSING, "waiting for the Deployment to be created"
-    status = deployment.get("status") or {}
-    ready = status.get("readyReplicas") or 0
-    updated = status.get("updatedReplicas") or 0
-    generation = meta_of(deployment).get("generation") or 0
-    if (status.get("observedGeneration") or 0) < generation:
-        return "False", PROGRESSING, f"{ready}/{desired} replicas ready; Deployment update pending"
-    if ready >= desired and updated >= desired:
-        return "True", AVAILABLE, f"{ready}/{desired} replicas ready"
-    # Not available: say why when the Deployment controller knows. Its
-    # ReplicaFailure condition carries the ReplicaSet's refusal (e.g. the Pod
-    # Security admission message); Progressing=False/ProgressDeadlineExceeded a
-    # stalled rollout. Both go away by themselves when the cause does.
-    failure = _workload_failure(status)
-    if failure is not None:
-        reason, condition = failure
-        detail = condition.get("message") or condition.get("reason") or "no message"
-        if pod_cause:
-            detail = f"{detail}; {pod_cause}"
-        return "False", reason, f"{ready}/{desired} replicas ready: {detail}"
-    if pod_cause:
-        return "False", PROGRESSING, f"{ready}/{desired} replicas ready: {pod_cause}"
-    return "False", PROGRESSING, f"{ready}/{desired} replicas ready"
-
-
-def _pods_worth_reading(spec: dict, deployment: dict | None) -> bool:
-    """Whether this My's Pods may say why it is not ready: the Deployment controller
-    has caught up with the current spec and made Pods, and not all are ready."""
-    if deployment is None:
-        return False
-    status = deployment.get("status") or {}
-    if (status.get("observedGeneration") or 0) < (meta_of(deployment).get("generation") or 0):
-        return False
-    desired = spec.get("replicas", DEFAULT_REPLICAS)
-    return (status.get("replicas") or 0) > 0 and (status.get("readyReplicas") or 0) < desired
-
-
-def _workload_failure(status: dict) -> tuple[str, dict] | None:
-    """(reason, the Deployment's condition) when its ReplicaSet cannot create pods
-    (ReplicaFailure=True) or its rollout stalled (Progressing=False with
-    ProgressDeadlineExceeded); None otherwise."""
-    conditions = {c.get("type"): c for c in status.get("conditions") or []
-                  if isinstance(c, dict)}
-    failure = conditions.get("ReplicaFailure") or {}
-    if failure.get("status") == "True":
-        return REPLICA_FAILURE, failure
-    progressing = conditions.get("Progressing") or {}
-    if progressing.get("status") == "False" and \
-            progressing.get("reason") == PROGRESS_DEADLINE_EXCEEDED:
-        return PROGRESS_DEADLINE_EXCEEDED, progressing
-    return None
-
-
-def _is_rollout_pending(deployment: dict | None) -> bool:
-    """The Deployment controller is about to change what this Deployment's status
-    says: it has not observed the current generation, or has not yet brought the
-    pod counts (replicas, updatedReplicas) to spec.replicas. Readiness is not
-    waited for: pods may take minutes to become ready, and each change of
-    readyReplicas is reported as it comes."""
-    if deployment is None:
-        return False
-    status = deployment.get("status") or {}
-    if (status.get("observedGeneration") or 0) < (meta_of(deployment).get("generation") or 0):
-        return True
-    if _workload_failure(status) is not None:
-        return False        # an answer already: the counts will not reach spec.replicas soon
-    desired = (deployment.get("spec") or {}).get("replicas", DEFAULT_REPLICAS)
-    return (status.get("replicas") or 0) != desired or \
-        (status.get("updatedReplicas") or 0) != desired
-
-
-def desired_status(my: dict, deployment: dict | None, *,
-                   condition: tuple[str, str] | None = None, now: str | None = None,
-                   pod_cause: str | None = None) -> dict:
-    """The status `my` should have.
-
-    `deployment`: our Deployment as last seen (None when missing or not ours);
-    its status gives the replica counts. `condition`: (reason, message) for a
-    failure (InvalidSpec, Conflict, ApplyFailed), which makes Ready False;
-    None computes Available / Progressing from the Deployment, with `pod_cause`
-    (why its Pods are not ready) in the message when not Available.
-
-    Fields of the status we do not own (other conditions, say) are kept.
-    `lastTransitionTime` moves only when the Ready status flips (set_condition).
-    """
-    old = my.get("status") or {}
-    generation = meta_of(my).get("generation")
-    if condition is None:
-        cond_status, reason, message = _readiness(effective_spec(my.get("spec")), deployment,
-                                                  pod_cause)
-    else:
-        cond_status, (reason, message) = "False", condition
-    counts = (deployment or {}).get("status") or {}
-    # A shallow copy: every key this sets is replaced, not changed in place (set_condition
-    # copies the conditions), and the rest is carried over as it is, never modified.
-    new = dict(old)
-    new.update({
-        "observedGeneration": generation,
-        "replicas": counts.get("replicas") or 0,
-        "readyReplicas": counts.get("readyReplicas") or 0,
-        "selector": selector_string(meta_of(my).get("name") or ""),
-        "conditions": set_condition(old.get("conditions"), {
-            "type": CONDITION_READY, "status": cond_status, "reason": reason,
-            "message": message, "observedGeneration": generation,
-        }, now=now),
-    })
-    return new
-
-
-def _same_inputs(a: dict | None, b: dict | None) -> bool:
-    """Whether two versions of a My agree on everything a reconcile reads but its status."""
-    if a is None or b is None:
-        return a is b
-    meta_a, meta_b = meta_of(a), meta_of(b)
-    return (a.get("spec") == b.get("spec") and
-            all(meta_a.get(f) == meta_b.get(f)
-                for f in ("uid", "generation", "deletionTimestamp", "name", "namespace")))
-
-
-def status_changed(old: dict | None, new: dict) -> bool:
-    """Whether writing `new` would change what the status reports."""
-    old = old or {}
-    return any(old.get(key) != value for key, value in new.items())
-
-
-def _ready_summary(status: dict | None) -> tuple | None:
-    cond = get_condition({"status": status or {}}, CONDITION_READY)
-    return (cond.get("status"), cond.get("reason"), cond.get("message")) if cond else None
-
-
-# --------------------------------------------------------------------------
-# 6. The reconcile (Events go through k8s_http's EventRecorder)
+# 2. The reconcile (Events go through k8s_http's EventRecorder)
 
 
 def _unfixable(my: dict, reason: str, message: str) -> TerminalError:
@@ -998,7 +368,7 @@ class MyReconciler:
         deployment = self._reported_deployment(key, my, lives[DEPLOYMENTS])
         pod_cause, recheck = self._pod_cause(key, my, deployment)
         wait, reported = self._write_status(key, my, deployment, pod_cause=pod_cause,
-                                            pending=_is_rollout_pending(deployment))
+                                            pending=is_rollout_pending(deployment))
         # The versions this reconcile worked from or wrote, not a fresh cache read:
         # a version the watch brought meanwhile has not been reconciled yet.
         self._settled.settle(key, reported, deployment, lives[SERVICES])
@@ -1018,12 +388,12 @@ class MyReconciler:
         """(why the My's Pods are not ready, seconds until they are to be read again).
 
         (None, None) while there is nothing to read them for (see
-        _pods_worth_reading). The first read comes POD_CHECK_FIRST_SECONDS after
+        pods_worth_reading). The first read comes POD_CHECK_FIRST_SECONDS after
         the My was first seen unready, the next ones at doubling intervals; in
         between, the cause the last read found is reported, so the message does
         not flap. A failed read keeps that cause: it never fails the reconcile.
         """
-        if not _pods_worth_reading(effective_spec(my.get("spec")), deployment):
+        if not pods_worth_reading(effective_spec(my.get("spec")), deployment):
             self._pod_checks.stop(key)
             return None, None
 
@@ -1047,12 +417,12 @@ class MyReconciler:
         saves the status write that would follow. Same generation, so the same spec,
         and a status at or past ours. (The store answers with our own write until
         its watch has brought a newer version of the key.)"""
-        if deployment is None or not _is_rollout_pending(deployment):
+        if deployment is None or not is_rollout_pending(deployment):
             return deployment
         cached = self._stores[DEPLOYMENTS].get(key)
         if cached is not None and is_controlled_by(cached, my) and \
                 meta_of(cached).get("generation") == meta_of(deployment).get("generation") and \
-                not _is_rollout_pending(cached):
+                not is_rollout_pending(cached):
             return cached
         return deployment
 
@@ -1261,7 +631,7 @@ class MyReconciler:
         deleted meanwhile).
 
         `pending`: whether the Deployment controller is still at work on the
-        Deployment (_is_rollout_pending); None when the status is not about the
+        Deployment (is_rollout_pending); None when the status is not about the
         Deployment (a failure condition), which is never held. While it is at
         work, its next status update would need a write of its own, so a change
         may wait for it (k8s_http.StatusHold): within STATUS_COALESCE_SECONDS
@@ -1284,7 +654,7 @@ class MyReconciler:
                 MY, key.name, {"status": new}, namespace=key.namespace))
         except NotFoundError:
             return 0.0, None  # deleted meanwhile: nothing to report on
-        summary = _ready_summary(new) or ()
+        summary = ready_summary(new) or ()
         # debug: the status itself says it (kubectl get my); at info every status
         # write of a burst was a log line.
         log.debug("status of %s: Ready=%s %s", key, *summary[:2])
@@ -1293,14 +663,14 @@ class MyReconciler:
         # changed it after our read, the answer carries a spec this reconcile never
         # saw. Then it is not what we settled on: the input is, and the change's own
         # event brings us back.
-        return 0.0, written if _same_inputs(written, my) else my
+        return 0.0, written if same_inputs(written, my) else my
 
     def _warn_on_news(self, my: dict, old: dict, new: dict) -> None:
         """Warning events follow the condition, not each write: an InvalidSpec,
         Conflict or workload failure is reported once when it appears, not at
         every replica change. A workload failure's message carries replica
         counts that move: only a new reason is news there."""
-        old_summary, new_summary = _ready_summary(old) or (), _ready_summary(new) or ()
+        old_summary, new_summary = ready_summary(old) or (), ready_summary(new) or ()
         reason = new_summary[1] if len(new_summary) > 1 else None
         if reason in WARNING_REASONS:
             compared = 2 if reason in (REPLICA_FAILURE, PROGRESS_DEADLINE_EXCEEDED) else 3
@@ -1309,7 +679,7 @@ class MyReconciler:
 
 
 # --------------------------------------------------------------------------
-# 7. Command line
+# 3. Command line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1339,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return flag_error(NAME, with_flag_names(err))
     # The caches the reconciler reads, made before it is registered, each keeping
-    # only what this file reads (PROJECTIONS); the controller's own watches (MY,
+    # only what the reconcile reads (PROJECTIONS); the controller's own watches (MY,
     # and the owned kinds under the same selector) share them.
     stores = {MY: mgr.store_for(MY, transform=PROJECTIONS[MY]),
               DEPLOYMENTS: mgr.store_for(DEPLOYMENTS, MANAGED_SELECTOR,

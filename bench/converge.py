@@ -255,7 +255,7 @@ def summarise_profile(path: Path, top: int = 15) -> dict:
     areas: dict[str, float] = {}
     for r in busy:
         fn = r["function"]
-        if fn.startswith("k8s_http/"):
+        if fn.startswith(("k8s_http/", "my/")):
             area = fn.split(":", 1)[0]
         elif fn.startswith("controller.py"):
             area = "controller.py"
@@ -273,7 +273,7 @@ def summarise_profile(path: Path, top: int = 15) -> dict:
         # Our own code only: where the time under each of our functions goes.
         # (Thread loops, called a handful of times, are left out: their time is waiting.)
         "top_cumulative": sorted((r for r in rows if r["function"].startswith(
-                                     ("controller.py", "k8s_http/")) and r["calls"] >= 20),
+                                     ("controller.py", "k8s_http/", "my/")) and r["calls"] >= 20),
                                  key=lambda r: -r["cumulative_seconds"])[:top],
         "areas": sorted(({"area": a, "own_seconds": s, "share": s / busy_total if busy_total
                           else 0.0} for a, s in areas.items()),

@@ -58,8 +58,9 @@ def build_wheels(dest: pathlib.Path, python: str = sys.executable) -> list[pathl
     for name in ("pyproject.toml", "setup.cfg", "README.md", "controller.py"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "k8s_http", src / "k8s_http",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for package in ("k8s_http", "my"):
+        shutil.copytree(ROOT / package, src / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     _run([python, "-m", "pip", "wheel", "--quiet", "--wheel-dir", dest, src], env=env)
     return sorted(dest.glob("*.whl"))
 
@@ -111,6 +112,7 @@ def by_distribution(sp: pathlib.Path) -> dict[str, int]:
         name = {"_yaml": "yaml", "controller": "k8s_http + controller.py",
                 "__pycache__": "k8s_http + controller.py",   # controller.py's bytecode
                 "k8s_http": "k8s_http + controller.py", "my_controller": "k8s_http + controller.py",
+                "my": "k8s_http + controller.py",            # the My package beside it
                 "PyYAML": "yaml", "prometheus_client": "prometheus_client"}.get(name, name)
         size = (sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
                 if entry.is_dir() else entry.stat().st_size)

@@ -80,8 +80,8 @@ def layer_sizes() -> dict[str, int]:
 def _kind(rel: str) -> str:
     if rel.startswith("usr/lib/python3/dist-packages/"):
         top = rel.split("/")[4]
-        if top.startswith(("k8s_http", "controller")):
-            return "the operator (controller.py, k8s_http), with bytecode"
+        if top.startswith(("k8s_http", "controller")) or top == "my":
+            return "the operator (controller.py, my, k8s_http), with bytecode"
         return "PyYAML + prometheus-client, with bytecode"
     if rel.startswith("usr/lib/python3.11/lib-dynload/"):
         return "standard library: extension modules"

@@ -67,7 +67,7 @@ def take(pid: int, directory: Path, index: int, timeout: float = 120.0) -> Path 
 
 # The operator may run from another checkout (a `git archive` of a commit): sites are
 # named from the project's own directories, site-packages, or the standard library on.
-_SITE_ROOT = re.compile(r"^.*?/(?=(?:k8s_http|bench|tests)/|controller\.py$)|"
+_SITE_ROOT = re.compile(r"^.*?/(?=(?:k8s_http|my|bench|tests)/|controller\.py$)|"
                         r"^.*/site-packages/|^.*/lib/python3\.\d+/")
 
 

@@ -58,7 +58,7 @@ for _path in (ROOT / "bench", ROOT):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from controller import MY, PROJECTIONS  # noqa: E402
+from controller import PROJECTIONS  # noqa: E402
 from k8s_http.client import ApiClient, WatchStream  # noqa: E402
 from k8s_http.config import load_config  # noqa: E402
 from k8s_http.errors import K8sHttpError  # noqa: E402
@@ -66,6 +66,7 @@ from k8s_http.informer import Informer, own_key, owner_key  # noqa: E402
 from k8s_http.store import Store  # noqa: E402
 from k8s_http.watcher import INITIAL_EVENTS_END  # noqa: E402
 from k8s_http.workqueue import WorkQueue  # noqa: E402
+from my.spec import MY  # noqa: E402
 from scaling import bare as bare_client  # noqa: E402
 
 # What the operator's informers read at start-up (the bare client's reads), with

@@ -342,8 +342,10 @@ def _wire_objects(i: int) -> tuple[dict, dict, dict]:
     """A My and its children as the apiserver sends them (shapes copied from a
     local control plane, plus the status and revision annotation that
     kube-controller-manager adds to a Deployment), as fresh JSON as on the wire."""
-    import controller
     from bench.convergence.scenarios import my_object
+    from my.render import render_deployment, render_service
+    from my.spec import labels_for
+    from my.status import desired_status
 
     name, ns, stamp = f"m-{i:06d}", "team-a", "2026-12-01T17:30:37Z"
     my = my_object(name, "v1", 1)
@@ -353,13 +355,13 @@ def _wire_objects(i: int) -> tuple[dict, dict, dict]:
     managed = [{"manager": "my-controller", "operation": "Apply", "apiVersion": "v1",
                 "time": stamp, "fieldsType": "FieldsV1",
                 "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in
-                                                         controller.labels_for(name)}},
+                                                         labels_for(name)}},
                              "f:spec": {"f:replicas": {}, "f:selector": {},
                                         "f:template": {"f:spec": {"f:containers": {
                                             'k:{"name":"app"}': {".": {}, "f:image": {}}}}}}}}]
     my["metadata"]["managedFields"] = managed
-    my["status"] = controller.desired_status(my, None, now=stamp)
-    dep = controller.render_deployment(my)
+    my["status"] = desired_status(my, None, now=stamp)
+    dep = render_deployment(my)
     dep["metadata"].update(uid=f"d67690bb-2f7f-47df-963c-{i:012d}", generation=1,
                            resourceVersion=str(1001 + 3 * i), creationTimestamp=stamp,
                            managedFields=managed)
@@ -381,7 +383,7 @@ def _wire_objects(i: int) -> tuple[dict, dict, dict]:
                           "lastTransitionTime": stamp, "reason": "NewReplicaSetAvailable",
                           "message": f'ReplicaSet "{name}-5d8f7c9b4" has successfully '
                                      "progressed."}]}
-    svc = controller.render_service(my)
+    svc = render_service(my)
     svc["metadata"].update(uid=f"28ee5399-67ca-4318-95f0-{i:012d}",
                            resourceVersion=str(1002 + 3 * i), creationTimestamp=stamp,
                            managedFields=managed)

@@ -6,7 +6,7 @@
 # stage (apt-get download + dpkg-deb -x). Before it runs, ROOTFS holds the
 # `keep` packages of image/packages.lock, extracted, and the wheels of
 # image/requirements.lock in usr/lib/python3/dist-packages. SRC is the
-# repository (controller.py, k8s_http/, image/strip.list); the DEBs are the
+# repository (controller.py, k8s_http/, my/, image/strip.list); the DEBs are the
 # `keep` packages' .deb files.
 #
 #   1. the globs of image/strip.list go (but its `!` lines: copyright files)
@@ -70,6 +70,8 @@ find "$ROOTFS" -name '__pycache__' -prune -exec rm -rf {} +   # all rebuilt in s
 install -m 0644 "$ROOT/controller.py" "$ROOTFS/$SITE/"
 install -d "$ROOTFS/$SITE/k8s_http"
 install -m 0644 "$ROOT"/k8s_http/*.py "$ROOTFS/$SITE/k8s_http/"
+install -d "$ROOTFS/$SITE/my"
+install -m 0644 "$ROOT"/my/*.py "$ROOTFS/$SITE/my/"
 # The console script setup.cfg declares (my-controller = controller:main). The
 # kernel runs its #! line itself: no shell needed.
 cat > "$ROOTFS/usr/bin/my-controller" <<EOF
@@ -154,7 +156,7 @@ d = "/usr/lib/python3.11/lib-dynload"
 names = sorted(f.split(".")[0] for f in os.listdir(d) if f.endswith(".so"))
 for name in names:
     importlib.import_module(name)
-import controller, k8s_http, yaml, prometheus_client, ssl, hashlib
+import controller, k8s_http, my.status, my.render, yaml, prometheus_client, ssl, hashlib
 print(f"{len(names)} extension modules load; {ssl.OPENSSL_VERSION}", file=sys.stderr)
 ' || die "an extension module or the operator does not import in the image"
 # (An emulator runs ELF files only: it is given the #! line's interpreter.)

@@ -129,7 +129,7 @@ def main(argv: list[str]) -> None:
         operator = package(spdx_id(arch, "operator"), name, version,
                            license_declared=ann["org.opencontainers.image.licenses"],
                            purl=f"pkg:generic/{name}@{quote(version)}",
-                           comment=f"the operator: /{SITE}/controller.py, /{SITE}/k8s_http/")
+                           comment=f"the operator: /{SITE}/controller.py, /{SITE}/k8s_http/, /{SITE}/my/")
         for pkg in [operator, *debian_packages(root, arch), *python_packages(root, arch)]:
             packages.append(pkg)
             relationships.append({"spdxElementId": pid, "relationshipType": "CONTAINS",

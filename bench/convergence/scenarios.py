@@ -223,7 +223,7 @@ def floor(cluster: BenchCluster, observer: Observer, namespace: str, count: int,
     load_threads at a time). The time until kube-controller-manager has seen every
     Deployment is the earliest any operator could report the Mys' status on this
     machine: what no operator can go below, and what bounds the ratio to kopf."""
-    from controller import render_deployment, render_service   # the bench runs from ROOT
+    from my.render import render_deployment, render_service   # the bench runs from ROOT
     from k8s_http.objects import DEPLOYMENTS, SERVICES
 
     todo = names("my", count)

@@ -4,7 +4,7 @@
     python bench/scaling/bare.py --kubeconfig K --namespace NS [--mode paged]
 
 Lists the namespace's `My`, and its Deployments and Services carrying the
-operator's managed-by label (controller.MANAGED_SELECTOR: the operator's own
+operator's managed-by label (my.spec.MANAGED_SELECTOR: the operator's own
 selectors), one thread per resource as the operator's informers do, with
 k8s_http's client. Prints one JSON line: items per resource and seconds from
 the first request to the last item. bench/scale.py runs it as a fresh process
@@ -32,12 +32,12 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from controller import MANAGED_SELECTOR, MY  # noqa: E402
 from convergence.cluster import BENCH_USER_AGENT  # noqa: E402
 from k8s_http.client import ApiClient  # noqa: E402
 from k8s_http.config import load_config  # noqa: E402
 from k8s_http.errors import K8sHttpError  # noqa: E402
 from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
+from my.spec import MANAGED_SELECTOR, MY  # noqa: E402
 
 PAGE_SIZE = 500
 # The bench's own prefix: the audit-log counter never takes these reads for the operator's.

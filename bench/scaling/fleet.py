@@ -10,7 +10,7 @@ started over the fleet has nothing to write:
   writes them (same managedFields);
 - the Deployment's status as the Deployment controller reports a finished
   rollout (the bench runs with that controller off: no ReplicaSets, no Pods);
-- the `My`'s status, `controller.desired_status` of that Deployment.
+- the `My`'s status, `my.status.desired_status` of that Deployment.
 
 The controller-runtime peer renders the same children and hashes them the
 same way (bench/peers/crpeer), so it too finds nothing to apply. kopf keeps its
@@ -34,12 +34,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import controller
 from convergence.cluster import MY
 from convergence.scenarios import my_object
 from k8s_http.client import ApiClient
 from k8s_http.errors import AlreadyExistsError, NotFoundError
 from k8s_http.objects import DEPLOYMENTS, SERVICES, rfc3339_now
+from my.render import render_deployment, render_service
+from my.spec import FIELD_MANAGER
+from my.status import desired_status
 
 REQUESTS_PER_MY = 5          # create My, apply Deployment, its status, apply Service, My status
 OBJECTS_PER_MY = 3           # My, Deployment, Service
@@ -76,7 +78,7 @@ def finished_rollout_status(deployment: dict, now: str) -> dict:
 
 def fleet_service(my: dict, *, headless: bool = False) -> dict:
     """The Service the operator renders for `my`; headless: with `clusterIP: None`."""
-    service = controller.render_service(my)
+    service = render_service(my)
     if headless:
         service["spec"]["clusterIP"] = "None"
     return service
@@ -91,15 +93,15 @@ def make_converged(client: ApiClient, namespace: str, name: str, *,
     except AlreadyExistsError:          # a fleet grown again after an interrupted run
         my = client.get(MY, name, namespace=namespace)
     now = rfc3339_now()
-    manager = controller.FIELD_MANAGER
-    deployment = client.apply(DEPLOYMENTS, controller.render_deployment(my),
+    manager = FIELD_MANAGER
+    deployment = client.apply(DEPLOYMENTS, render_deployment(my),
                               field_manager=manager, force=True)
     deployment = client.patch_status(
         DEPLOYMENTS, name, {"status": finished_rollout_status(deployment, now)},
         namespace=namespace)
     client.apply(SERVICES, fleet_service(my, headless=headless), field_manager=manager,
                  force=True)
-    client.patch_status(MY, name, {"status": controller.desired_status(my, deployment, now=now)},
+    client.patch_status(MY, name, {"status": desired_status(my, deployment, now=now)},
                         namespace=namespace)
 
 

@@ -61,7 +61,8 @@ def image(tmp_path_factory) -> UnpackedImage:
     unpacked = UnpackedImage.from_archive(ARCHIVE, tmp_path_factory.mktemp("image"))
     # The image must hold the code under test, not an older build of it.
     stale = [str(src.relative_to(ROOT))
-             for src in [ROOT / "controller.py", *sorted((ROOT / "k8s_http").glob("*.py"))]
+             for src in [ROOT / "controller.py", *sorted((ROOT / "k8s_http").glob("*.py")),
+                         *sorted((ROOT / "my").glob("*.py"))]
              if (unpacked.rootfs / SITE / src.relative_to(ROOT)).read_bytes() != src.read_bytes()]
     assert not stale, f"the image is older than {stale}: run `make image`"
     return unpacked

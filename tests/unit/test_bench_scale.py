@@ -18,10 +18,12 @@ for _path in (BENCH, ROOT):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import controller  # noqa: E402
 from convergence.operators import reconcile_total  # noqa: E402
 from scaling import analysis, report  # noqa: E402
 from scaling.fleet import Growth, finished_rollout_status, fleet_name, fleet_service  # noqa: E402
+from k8s_http import needs_apply  # noqa: E402
+from my.render import render_deployment, render_service  # noqa: E402
+from my.status import AVAILABLE, desired_status, status_changed  # noqa: E402
 
 METRICS = """\
 # HELP controller_runtime_reconcile_total Total number of reconciliations per controller
@@ -153,21 +155,21 @@ def test_fleet_names_sort_in_creation_order():
 
 def test_the_fleets_deployment_status_makes_the_operator_report_available_and_write_nothing():
     my = _my()
-    deployment = controller.render_deployment(my)
+    deployment = render_deployment(my)
     deployment["metadata"]["generation"] = 1
     deployment["status"] = finished_rollout_status(deployment, "2026-12-01T00:00:00Z")
-    my["status"] = controller.desired_status(my, deployment, now="2026-12-01T00:00:00Z")
+    my["status"] = desired_status(my, deployment, now="2026-12-01T00:00:00Z")
     ready = my["status"]["conditions"][0]
-    assert (ready["status"], ready["reason"]) == ("True", controller.AVAILABLE)
+    assert (ready["status"], ready["reason"]) == ("True", AVAILABLE)
     # What the operator would compute on start-up equals what is stored: no status write.
-    again = controller.desired_status(my, deployment, now="2026-12-02T00:00:00Z")
-    assert not controller.status_changed(my["status"], again)
-    assert not controller.needs_apply(controller.render_deployment(my), deployment)
+    again = desired_status(my, deployment, now="2026-12-02T00:00:00Z")
+    assert not status_changed(my["status"], again)
+    assert not needs_apply(render_deployment(my), deployment)
 
 
 def test_a_headless_fleet_service_is_the_operators_service_without_an_address():
     my = _my()
-    rendered, headless = controller.render_service(my), fleet_service(my, headless=True)
+    rendered, headless = render_service(my), fleet_service(my, headless=True)
     assert fleet_service(my) == rendered
     assert headless["spec"].pop("clusterIP") == "None"
     assert headless == rendered
@@ -175,7 +177,7 @@ def test_a_headless_fleet_service_is_the_operators_service_without_an_address():
     live = fleet_service(my, headless=True)
     live["spec"]["clusterIPs"] = ["None"]
     live["spec"]["sessionAffinity"] = "None"
-    assert not controller.needs_apply(controller.render_service(my), live)
+    assert not needs_apply(render_service(my), live)
 
 
 def test_growth_rates():

@@ -17,8 +17,8 @@ for _path in (ROOT / "bench", ROOT):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import controller  # noqa: E402
 import startup_replay  # noqa: E402
+from my.render import render_deployment, render_service  # noqa: E402
 
 END = {"type": "BOOKMARK", "object": {"kind": "My", "apiVersion": "mine.jp/v1", "metadata": {
     "resourceVersion": "900", "annotations": {"k8s.io/initial-events-end": "true"}}}}
@@ -37,8 +37,8 @@ def _recordings(n: int, *, end: bool = True) -> dict[str, bytes]:
             "spec": {"image": "app:1", "replicas": 1}}
         owner = {"apiVersion": "mine.jp/v1", "kind": "My", "name": f"m{i}", "uid": f"u{i}",
                  "controller": True, "blockOwnerDeletion": True}
-        deployment = controller.render_deployment(my)
-        service = controller.render_service(my)
+        deployment = render_deployment(my)
+        service = render_service(my)
         for child in (deployment, service):
             child["metadata"].update(namespace="ns", resourceVersion=str(500 + i),
                                      ownerReferences=[owner])

@@ -1,4 +1,5 @@
-"""controller.py: the pure parts on their own, the reconcile against fakes, the command line.
+"""controller.py and the `my` package: the pure parts (my.spec, my.render, my.status) on
+their own, the reconcile against fakes, the command line.
 
 The fakes stand for the Manager (stores + client). The client is the shared
 `tests.support.fake_client.InMemoryApiClient`, which mimics what matters of the
@@ -17,17 +18,17 @@ import sys
 import pytest
 
 import controller
-from controller import (
-    MY, MyReconciler, desired_status, needs_apply,
-    render_deployment, render_service, status_changed, validate_my,
-    validate_spec,
-)
+from controller import MyReconciler
 from k8s_http import (
-    EventRecorder,
+    ApiError, EventRecorder,
     DEPLOYMENTS, EVENTS, PODS, SERVICES, DroppedFieldRead, InvalidError, ObjectKey,
     Projection, Result, TerminalError,
-    key_of, parse_duration, resource_version_of, set_condition,
+    key_of, needs_apply, parse_duration, resource_version_of, set_condition,
 )
+from my.render import foreign_entries_patch, render_deployment, render_service
+from my.spec import (CONFIG_HASH_ANNOTATION, LABEL_MANAGED_BY, MY, selector_string, validate_my,
+                     validate_spec)
+from my.status import desired_status, is_rollout_pending, status_changed
 from tests.support.clock import FakeClock
 from tests.support.fake_client import InMemoryApiClient, server_defaults
 
@@ -355,7 +356,7 @@ def test_the_config_hash_follows_the_configuration():
     a = render_deployment(make_my())
     b = render_deployment(make_my())
     c = render_deployment(make_my({"image": "postgres:17", "replicas": 1, "port": 5432}))
-    ann = controller.CONFIG_HASH_ANNOTATION
+    ann = CONFIG_HASH_ANNOTATION
     assert a["metadata"]["annotations"][ann] == b["metadata"]["annotations"][ann]
     assert a["metadata"]["annotations"][ann] != c["metadata"]["annotations"][ann]
 
@@ -731,11 +732,11 @@ def _without(projection, path):
     (DEPLOYMENTS, "status.updatedReplicas"),
     (DEPLOYMENTS, "status.observedGeneration"),
     (DEPLOYMENTS, "metadata.generation"),
-    (DEPLOYMENTS, ("metadata", "annotations", controller.CONFIG_HASH_ANNOTATION)),
+    (DEPLOYMENTS, ("metadata", "annotations", CONFIG_HASH_ANNOTATION)),
     (DEPLOYMENTS, "spec.template.spec.containers.image"),
     (DEPLOYMENTS, "metadata.ownerReferences"),
     (SERVICES, "spec.ports.targetPort"),
-    (SERVICES, ("metadata", "labels", controller.LABEL_MANAGED_BY)),
+    (SERVICES, ("metadata", "labels", LABEL_MANAGED_BY)),
     (MY, "metadata.uid"),
     (MY, "spec"),
 ])
@@ -989,8 +990,8 @@ def test_is_rollout_pending(status, pending):
     deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 1}}
     if status is not None:
         deployment["status"] = status
-    assert controller._is_rollout_pending(deployment) is pending
-    assert controller._is_rollout_pending(None) is False
+    assert is_rollout_pending(deployment) is pending
+    assert is_rollout_pending(None) is False
 
 
 def test_drift_is_put_back(mgr, reconciler):
@@ -1583,14 +1584,14 @@ def test_nothing_foreign_is_no_patch():
     for resource in (DEPLOYMENTS, SERVICES):
         live = _served(resource)
         desired = (render_deployment if resource == DEPLOYMENTS else render_service)(make_my())
-        assert controller.foreign_entries_patch(desired, live) is None
+        assert foreign_entries_patch(desired, live) is None
 
 
 def test_a_foreign_service_port_is_deleted_and_ours_stated_in_the_same_patch():
     desired = render_service(make_my())
     live = _served(SERVICES)
     live["spec"]["ports"] = [{"port": 9999, "targetPort": 9999, "protocol": "TCP"}]
-    assert controller.foreign_entries_patch(desired, live) == {"spec": {"ports": [
+    assert foreign_entries_patch(desired, live) == {"spec": {"ports": [
         {"port": 9999, "$patch": "delete"},
         {"port": 5432, "targetPort": 5432, "protocol": "TCP"}]}}
 
@@ -1609,7 +1610,7 @@ def test_foreign_entries_in_the_app_container_are_deleted_and_injected_container
     app["securityContext"]["capabilities"]["add"] = ["NET_ADMIN"]
     app["securityContext"]["privileged"] = True
     pod["containers"].append({"name": "sidecar", "image": "proxy", "env": [{"name": "S"}]})
-    patch = controller.foreign_entries_patch(desired, live)
+    patch = foreign_entries_patch(desired, live)
     assert patch == {"spec": {"template": {"spec": {"containers": [{
         "name": "app",
         "ports": [{"containerPort": 9090, "$patch": "delete"}],
@@ -1623,7 +1624,7 @@ def test_a_security_context_the_spec_does_not_ask_for_is_removed():
     desired = render_deployment(make_my())
     live = _served(DEPLOYMENTS)
     live["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {"privileged": True}
-    patch = controller.foreign_entries_patch(desired, live)
+    patch = foreign_entries_patch(desired, live)
     assert patch["spec"]["template"]["spec"]["containers"][0]["securityContext"] == \
         {"privileged": None}
 
@@ -1677,7 +1678,7 @@ def test_a_webhook_that_puts_the_entry_back_is_left_alone_after_one_try(mgr, rec
 def test_validation_and_rendering_are_remembered_per_my_generation_and_bounded(
         mgr, reconciler, monkeypatch):
     calls = []
-    real_validate = controller.validate_my
+    real_validate = validate_my
     monkeypatch.setattr(controller, "validate_my", lambda my: calls.append(1) or real_validate(my))
     my = copy.deepcopy(mgr.stores[MY].get(KEY))
     my["metadata"]["generation"] = 1
@@ -1744,7 +1745,7 @@ def test_the_pods_of_a_my_that_stays_unready_name_the_cause_then_less_often(
     mgr.client.reset()
     assert reconciler(KEY) == Result(requeue_after_seconds=2 * first, priority=1)
     (listed,) = pod_lists(mgr)
-    assert listed.kwargs["label_selector"] == controller.selector_string("foobar")
+    assert listed.kwargs["label_selector"] == selector_string("foobar")
     assert listed.kwargs["namespace"] == "default"
     assert ready_message(mgr) == ("False", "Progressing", "0/1 replicas ready: Pod foobar-1: "
                                   'container app ImagePullBackOff: Back-off pulling image '
@@ -1796,7 +1797,7 @@ def test_a_failed_pod_read_keeps_the_reconcile_and_tries_again_later(mgr, reconc
     clock.advance(controller.POD_CHECK_FIRST_SECONDS)
 
     def refuse(resource, **kwargs):
-        raise controller.ApiError(403, "pods is forbidden", reason="Forbidden")
+        raise ApiError(403, "pods is forbidden", reason="Forbidden")
     mgr.client.lists = refuse
     assert reconciler(KEY) == Result(requeue_after_seconds=2 * controller.POD_CHECK_FIRST_SECONDS, priority=1)
     assert ready_message(mgr) == ("False", "Progressing", "0/1 replicas ready")

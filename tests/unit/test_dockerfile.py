@@ -171,15 +171,37 @@ def test_copied_files_exist_and_are_in_the_build_context():
         if ins == "COPY":
             *srcs, _dest = shlex.split(args)
             sources += [s for s in srcs if not s.startswith("--")]
-    assert {"controller.py", "k8s_http/", "image/packages.lock", "image/requirements.lock",
+    assert {"controller.py", "k8s_http/", "my/", "image/packages.lock", "image/requirements.lock",
             "image/strip.list", "image/assemble.sh"} <= set(sources)
     for src in sources:
         assert (ROOT / src).exists(), f"COPY {src}: missing from the repository"
         assert not _ignored(src.rstrip("/"), patterns), f"{src} is excluded by .dockerignore"
     for unwanted in (".venv/bin/python", ".git/config", "tests/unit/test_controller.py",
-                     ".cluster/state.json", "k8s_http/__pycache__/x.pyc", "bench/footprint.py",
+                     ".cluster/state.json", "k8s_http/__pycache__/x.pyc", "my/__pycache__/x.pyc",
+                     "bench/footprint.py",
                      "build/rootfs.tar", "image/build.sh"):
         assert _ignored(unwanted, patterns), unwanted
+
+
+def test_the_image_ships_every_module_setup_cfg_installs():
+    """What a pip install holds (setup.cfg's py_modules and packages) the image
+    holds too: the Dockerfile copies it into the build context's stage and
+    image/assemble.sh installs it into site-packages (a new package beside
+    controller.py, such as my/, must not be left out of the image)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    names = lambda key: {n.strip() for n in re.split(r"[,\s]+", cfg["options"][key]) if n.strip()}
+    builder, _ = stages()
+    copied = {s for ins, args in builder if ins == "COPY"
+              for s in shlex.split(args)[:-1] if not s.startswith("--")}
+    assemble = (ROOT / "image" / "assemble.sh").read_text()
+    for module in names("py_modules"):
+        assert f"{module}.py" in copied
+        assert f'install -m 0644 "$ROOT/{module}.py" "$ROOTFS/$SITE/"' in assemble
+    for top in {p.split(".")[0] for p in names("packages")}:
+        assert f"{top}/" in copied, f"the Dockerfile does not COPY {top}/"
+        assert re.search(rf'install -m 0644 "\$ROOT"/{top}/\S*\*\.py', assemble), \
+            f"image/assemble.sh does not install {top}/"
 
 
 def _hadolint() -> str | None:

@@ -10,7 +10,8 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
-SOURCES = sorted(PACKAGE.glob("*.py")) + [ROOT / "controller.py"]
+MY_PACKAGE = ROOT / "my"
+SOURCES = sorted(PACKAGE.glob("*.py")) + sorted(MY_PACKAGE.glob("*.py")) + [ROOT / "controller.py"]
 
 # `name`, `name(...)`, `module.name`, `Class.name(...)` in backticks.
 _SYMBOL = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)(\(|`)")
@@ -57,9 +58,10 @@ def missing_symbols(text: str) -> list[str]:
     scopes, everywhere = _defined()
     everywhere |= set(dir(builtins))
     missing = []
-    for module in re.findall(r"`([a-z_]+)\.py`", text):
-        if not (PACKAGE / f"{module}.py").exists() and not (ROOT / f"{module}.py").exists():
-            missing.append(f"{module}.py")
+    for in_my, module in re.findall(r"`(my/)?([a-z_]+)\.py`", text):
+        where = [MY_PACKAGE] if in_my else [PACKAGE, ROOT]
+        if not any((d / f"{module}.py").exists() for d in where):
+            missing.append(f"{in_my}{module}.py")
     for symbol, after in _SYMBOL.findall(text):
         owner, _, name = symbol.rpartition(".")
         if name == "py":
@@ -78,9 +80,10 @@ def test_architecture_names_only_modules_and_functions_that_exist():
 
 def test_the_check_finds_a_name_that_does_not_exist():
     text = ("`store.py`, `Store.get(key)`, `record_write(...)`, `gone.py`, "
-            "`Store.record_write`, `packcode.compile_packer`, `packcode.nothing`")
-    assert missing_symbols(text) == ["gone.py", "record_write", "Store.record_write",
-                                     "packcode.nothing"]
+            "`Store.record_write`, `packcode.compile_packer`, `packcode.nothing`, "
+            "`my/spec.py`, `my/store.py`, `render.foreign_entries_patch`, `render.nothing`")
+    assert missing_symbols(text) == ["gone.py", "my/store.py", "record_write",
+                                     "Store.record_write", "packcode.nothing", "render.nothing"]
 
 
 def test_every_document_cited_is_in_the_repository():

@@ -2,6 +2,8 @@
 
 A module may import only from layers strictly below its own (docs/ARCHITECTURE.md).
 The runtime may import only the standard library, PyYAML and prometheus-client.
+The `my` package (the My resource) sits on k8s_http's root and under controller.py:
+controller -> my.status, my.render -> my.spec -> k8s_http.
 """
 
 import ast
@@ -32,6 +34,10 @@ LAYERS = {
 }
 
 THIRD_PARTY_ALLOWED = {"yaml", "prometheus_client"}
+
+MY_PACKAGE = ROOT / "my"
+# What each module of `my` may import of `my` (docs/ARCHITECTURE.md, "The My package").
+MY_IMPORTS = {"spec": set(), "render": {"spec"}, "status": {"spec"}}
 
 
 def _imports(path: pathlib.Path):
@@ -84,13 +90,36 @@ def test_architecture_table_matches_layers():
     assert rows == LAYERS
 
 
-def test_controller_imports_only_the_package_root():
+def test_controller_imports_only_the_package_root_and_my():
     for name in _imports(ROOT / "controller.py"):
         top = name.split(".")[0]
         if top == "k8s_http":
             assert name == "k8s_http", f"controller.py imports {name}; use the package root"
+        elif top == "my":
+            assert name.removeprefix("my.") in MY_IMPORTS, f"controller.py imports {name}"
         else:
             assert top in sys.stdlib_module_names or top in THIRD_PARTY_ALLOWED, top
+
+
+def test_every_my_module_has_its_imports_declared():
+    modules = {p.stem for p in MY_PACKAGE.glob("*.py")} - {"__init__"}
+    assert modules == set(MY_IMPORTS), "add the module to MY_IMPORTS and docs/ARCHITECTURE.md"
+    assert list(_imports(MY_PACKAGE / "__init__.py")) == [], "my/__init__.py re-exports nothing"
+
+
+@pytest.mark.parametrize("stem", sorted(MY_IMPORTS))
+def test_my_imports_point_one_way(stem):
+    """Only k8s_http's root, the `my` modules below it, the standard library; never
+    controller (nothing in `my` knows the reconciler)."""
+    for name in _imports(MY_PACKAGE / f"{stem}.py"):
+        top = name.split(".")[0]
+        if top == "k8s_http":
+            assert name == "k8s_http", f"my/{stem}.py imports {name}; use the package root"
+        elif top == "my":
+            assert name.removeprefix("my.") in MY_IMPORTS[stem], f"my/{stem}.py imports {name}"
+        else:
+            assert top in sys.stdlib_module_names or top in THIRD_PARTY_ALLOWED, \
+                f"my/{stem}.py imports {top}"
 
 
 def test_public_api_is_pinned():

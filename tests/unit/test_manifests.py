@@ -20,8 +20,14 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 import controller
+from k8s_http import parse_quantity
 from k8s_http.metrics import Metrics
 from k8s_http.names import ENV_VAR_NAME
+from my.spec import (CONTAINER_SECURITY_FIELDS, DEFAULT_PORT, DEFAULT_REPLICAS, DEFAULT_SERVICE_TYPE,
+                     MAX_ENV, MAX_IMAGE_CHARS, MAX_REPLICAS, MY, POD_SECURITY_FIELDS, SERVICE_TYPES,
+                     validate_my)
+from my.status import (APPLY_FAILED, AVAILABLE, CONDITION_READY, CONFLICT, INVALID_SPEC,
+                       PROGRESS_DEADLINE_EXCEEDED, PROGRESSING, REPLICA_FAILURE)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -105,7 +111,7 @@ def test_samples_are_apart_and_valid():
     my = one(load("samples/my-foobar.yaml"), "My", "foobar")
     assert my["apiVersion"] == "mine.jp/v1" and my["metadata"]["namespace"] == "default"
     assert my["spec"]["image"] == "postgres:16" and my["spec"]["port"] == 5432
-    assert controller.validate_my({**my, "metadata": {**my["metadata"], "uid": "u"}}) == []
+    assert validate_my({**my, "metadata": {**my["metadata"], "uid": "u"}}) == []
 
 
 def test_namespaced_objects_live_in_the_controller_namespace():
@@ -250,7 +256,7 @@ def test_requests_and_limits():
     assert set(res["requests"]) == {"cpu", "memory"} and set(res["limits"]) >= {"memory"}
     for name, request in res["requests"].items():
         if name in res["limits"]:
-            assert controller.parse_quantity(request) <= controller.parse_quantity(
+            assert parse_quantity(request) <= parse_quantity(
                 res["limits"][name])
 
 
@@ -305,7 +311,7 @@ def test_crd_names_and_subresources():
     assert (spec["group"], spec["scope"]) == ("mine.jp", "Namespaced")
     assert spec["names"] == {"kind": "My", "listKind": "MyList", "plural": "my", "singular": "my"}
     assert (VERSION["name"], VERSION["served"], VERSION["storage"]) == ("v1", True, True)
-    assert controller.MY.api_version == "mine.jp/v1" and controller.MY.plural == "my"
+    assert MY.api_version == "mine.jp/v1" and MY.plural == "my"
     assert VERSION["subresources"] == {"status": {}, "scale": {
         "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
         "labelSelectorPath": ".status.selector"}}
@@ -321,16 +327,16 @@ def test_crd_bounds_and_defaults_match_the_controller():
     props = SPEC_SCHEMA["properties"]
     assert SPEC_SCHEMA["required"] == ["image"]
     assert (props["image"]["minLength"], props["image"]["maxLength"]) == (
-        1, controller.MAX_IMAGE_CHARS)
+        1, MAX_IMAGE_CHARS)
     assert (props["replicas"]["default"], props["replicas"]["minimum"],
-            props["replicas"]["maximum"]) == (controller.DEFAULT_REPLICAS, 0,
-                                              controller.MAX_REPLICAS)
+            props["replicas"]["maximum"]) == (DEFAULT_REPLICAS, 0,
+                                              MAX_REPLICAS)
     assert (props["port"]["default"], props["port"]["minimum"], props["port"]["maximum"]) == (
-        controller.DEFAULT_PORT, 1, 65535)
-    assert props["serviceType"]["default"] == controller.DEFAULT_SERVICE_TYPE
-    assert tuple(props["serviceType"]["enum"]) == controller.SERVICE_TYPES
+        DEFAULT_PORT, 1, 65535)
+    assert props["serviceType"]["default"] == DEFAULT_SERVICE_TYPE
+    assert tuple(props["serviceType"]["enum"]) == SERVICE_TYPES
     env = props["env"]
-    assert env["maxItems"] == controller.MAX_ENV
+    assert env["maxItems"] == MAX_ENV
     assert env["x-kubernetes-list-type"] == "map" and env["x-kubernetes-list-map-keys"] == ["name"]
     assert env["items"]["properties"]["name"]["pattern"] == ENV_VAR_NAME.pattern
 
@@ -397,11 +403,10 @@ def test_crd_conditions_are_the_standard_condition_schema():
         "message": {"type": "string", "maxLength": 32768},
     }
     # the operator's own condition type and reasons fit it
-    for reason in (controller.AVAILABLE, controller.PROGRESSING, controller.INVALID_SPEC,
-                   controller.CONFLICT, controller.APPLY_FAILED, controller.REPLICA_FAILURE,
-                   controller.PROGRESS_DEADLINE_EXCEEDED):
+    for reason in (AVAILABLE, PROGRESSING, INVALID_SPEC, CONFLICT, APPLY_FAILED, REPLICA_FAILURE,
+                   PROGRESS_DEADLINE_EXCEEDED):
         assert re.fullmatch(bounds["reason"]["pattern"], reason), reason
-    assert re.fullmatch(bounds["type"]["pattern"], controller.CONDITION_READY)
+    assert re.fullmatch(bounds["type"]["pattern"], CONDITION_READY)
 
 
 @pytest.mark.parametrize("value", ["100m", "1", "0.5", ".5", "256Mi", "1Gi", "1e3", "+1", "2k",
@@ -413,7 +418,7 @@ def test_crd_quantity_pattern_agrees_with_the_controller(value):
         "additionalProperties"]["pattern"]
     assert pattern == limits_pattern
     try:
-        controller.parse_quantity(value)
+        parse_quantity(value)
         ok = True
     except ValueError:
         ok = False
@@ -529,7 +534,7 @@ def test_alerts_are_well_formed():
 
 
 def test_the_schemas_security_contexts_are_the_controllers():
-    """The CRD and controller.validate_spec accept the same restricting fields."""
+    """The CRD and my.spec.validate_spec accept the same restricting fields."""
     props = VERSION["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
 
     def shape(schema):
@@ -538,8 +543,8 @@ def test_the_schemas_security_contexts_are_the_controllers():
         if "enum" in schema:
             return tuple(schema["enum"])
         return {"boolean": bool, "integer": int, "string": str, "array": list}[schema["type"]]
-    assert shape(props["podSecurityContext"]) == controller.POD_SECURITY_FIELDS
-    assert shape(props["securityContext"]) == controller.CONTAINER_SECURITY_FIELDS
+    assert shape(props["podSecurityContext"]) == POD_SECURITY_FIELDS
+    assert shape(props["securityContext"]) == CONTAINER_SECURITY_FIELDS
 
 
 # ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The apiserver refuses a whole status patch when one field breaks the schema, so
 a reason that misses metav1.Condition's pattern or a message over its maxLength
 would leave a My's status stale with nothing but a 422 in the log. Each way
-controller.desired_status builds the Ready condition is checked against the
+my.status.desired_status builds the Ready condition is checked against the
 schema as the CRD declares it (a small validator for the keywords used there).
 """
 
@@ -16,8 +16,8 @@ import re
 import pytest
 import yaml
 
-import controller
 from k8s_http.objects import set_condition
+from my.status import APPLY_FAILED, CONFLICT, INVALID_SPEC, desired_status
 
 CRD = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "manifests" / "base" /
                       "crd.yaml").read_text())
@@ -102,20 +102,20 @@ STALLED = {"type": "Progressing", "status": "False", "reason": "ProgressDeadline
     (_deployment(replicas=0, conditions=[FAILING]), None, None),              # ReplicaFailure
     (_deployment(replicas=2, conditions=[STALLED]), None, None),              # ProgressDeadline..
     ({"metadata": {"generation": 2}, "status": {"observedGeneration": 1}}, None, None),
-    (None, (controller.INVALID_SPEC, "spec.port: must be 1..65535"), None),
-    (None, (controller.CONFLICT, ""), None),                                  # empty message
-    (None, (controller.APPLY_FAILED, "x" * 40000), None),                     # too long
+    (None, (INVALID_SPEC, "spec.port: must be 1..65535"), None),
+    (None, (CONFLICT, ""), None),                                  # empty message
+    (None, (APPLY_FAILED, "x" * 40000), None),                     # too long
 ])
 def test_every_ready_condition_the_operator_writes_fits_the_schema(deployment, condition,
                                                                   pod_cause):
-    status = controller.desired_status(_my(), deployment, condition=condition,
+    status = desired_status(_my(), deployment, condition=condition,
                                        pod_cause=pod_cause)
     assert violations(status, STATUS) == []
     (ready,) = status["conditions"]
     assert set(CONDITION["required"]) <= set(ready)
     # and again over a status it wrote before (lastTransitionTime kept or moved)
-    again = controller.desired_status(_my(status=status), None, condition=(
-        controller.CONFLICT, "taken"))
+    again = desired_status(_my(status=status), None, condition=(
+        CONFLICT, "taken"))
     assert violations(again, STATUS) == []
 
 
