@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k8s_http.shards import (
-    HASH_SPACE, NAMESPACE, SLOTS, UID, Ranges, assign, fnv1a_64, is_server_filtered, keeps,
+    HASH_SPACE, NAMESPACE, SLOTS, Ranges, assign, fnv1a_64, is_server_filtered, keeps,
     object_hash, ranges_of, ranges_of_slots, slot_label_selector, slot_label_value, slot_of,
     slot_of_hash, slot_span, slots_of)
 
