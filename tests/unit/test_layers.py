@@ -20,6 +20,7 @@ PACKAGE = ROOT / "k8s_http"
 
 LAYERS = {
     "errors": 0, "objects": 0, "defaults": 0, "quantity": 0, "names": 0, "podstatus": 0, "statushold": 0, "packcode": 0, "packed": 1, "allocator": 0, "gctuning": 0,
+    "shards": 0,
     "projection": 2, "applydiff": 1, "settled": 1, "memo": 1, "configerror": 1, "connection": 1, "watchproto": 1, "backoff": 1, "metrics": 1, "log": 1,
     "credentials": 2, "tls": 2, "urls": 2, "stream": 2, "flags": 2,
     "kubeconfig": 3,
