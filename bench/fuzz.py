@@ -225,14 +225,14 @@ def _targets():
     import atheris
 
     with atheris.instrument_imports(include=["k8s_http", "yaml"]):
-        from k8s_http import watcher
-        from k8s_http.client import WatchStream
-        from k8s_http.configerror import ConfigError, CredentialError
-        from k8s_http.credentials import ExecCredential
-        from k8s_http.errors import ApiConnectionError, ApiError, ProtocolError
-        from k8s_http.kubeconfig import read_kubeconfig
-        from k8s_http.log import setup_logging
-        from k8s_http.watchproto import ChunkedDecoder, ChunkedFramingError, LineDecoder, \
+        from k8s_http.cache import watcher
+        from k8s_http.wire.client import WatchStream
+        from k8s_http.config.configerror import ConfigError, CredentialError
+        from k8s_http.config.credentials import ExecCredential
+        from k8s_http.core.errors import ApiConnectionError, ApiError, ProtocolError
+        from k8s_http.config.kubeconfig import read_kubeconfig
+        from k8s_http.ops.log import setup_logging
+        from k8s_http.wire.watchproto import ChunkedDecoder, ChunkedFramingError, LineDecoder, \
             WatchDecodeError
 
     def pieces(data: bytes, size: int):
@@ -304,7 +304,7 @@ def _targets():
             # 11: a lone surrogate must not break a log line). A handler would swallow an
             # error in emit(), so its filters and format are called here directly.
             for handler in log_handlers:
-                record = logging.LogRecord("k8s_http.watcher", logging.WARNING, __file__, 0,
+                record = logging.LogRecord("k8s_http.cache.watcher", logging.WARNING, __file__, 0,
                                            "%s: watch restarting (%s: %s)",
                                            ("pods", failed.reason, err), (type(err), err, None))
                 if handler.filter(record):

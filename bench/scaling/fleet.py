@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import controller
 from convergence.cluster import MY
 from convergence.scenarios import my_object
-from k8s_http.client import ApiClient
-from k8s_http.errors import AlreadyExistsError, NotFoundError
-from k8s_http.objects import DEPLOYMENTS, SERVICES, rfc3339_now
+from k8s_http.wire.client import ApiClient
+from k8s_http.core.errors import AlreadyExistsError, NotFoundError
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES, rfc3339_now
 
 REQUESTS_PER_MY = 5          # create My, apply Deployment, its status, apply Service, My status
 OBJECTS_PER_MY = 3           # My, Deployment, Service

@@ -10,7 +10,7 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
-SOURCES = sorted(PACKAGE.glob("*.py")) + [ROOT / "controller.py"]
+SOURCES = sorted(PACKAGE.rglob("*.py")) + [ROOT / "controller.py"]
 
 # `name`, `name(...)`, `module.name`, `Class.name(...)` in backticks.
 _SYMBOL = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)(\(|`)")
@@ -57,8 +57,11 @@ def missing_symbols(text: str) -> list[str]:
     scopes, everywhere = _defined()
     everywhere |= set(dir(builtins))
     missing = []
-    for module in re.findall(r"`([a-z_]+)\.py`", text):
-        if not (PACKAGE / f"{module}.py").exists() and not (ROOT / f"{module}.py").exists():
+    # `store.py` (a module of some wing, or of the root), `cache/store.py` (exactly there)
+    modules = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    modules |= {p.name for p in PACKAGE.rglob("*.py")} | {p.name for p in ROOT.glob("*.py")}
+    for module in re.findall(r"`([a-z_]+(?:/[a-z_]+)?)\.py`", text):
+        if f"{module}.py" not in modules:
             missing.append(f"{module}.py")
     for symbol, after in _SYMBOL.findall(text):
         owner, _, name = symbol.rpartition(".")
@@ -78,9 +81,10 @@ def test_architecture_names_only_modules_and_functions_that_exist():
 
 def test_the_check_finds_a_name_that_does_not_exist():
     text = ("`store.py`, `Store.get(key)`, `record_write(...)`, `gone.py`, "
-            "`Store.record_write`, `packcode.compile_packer`, `packcode.nothing`")
-    assert missing_symbols(text) == ["gone.py", "record_write", "Store.record_write",
-                                     "packcode.nothing"]
+            "`Store.record_write`, `packcode.compile_packer`, `packcode.nothing`, "
+            "`cache/store.py`, `wire/store.py`")
+    assert missing_symbols(text) == ["gone.py", "wire/store.py", "record_write",
+                                     "Store.record_write", "packcode.nothing"]
 
 
 def test_every_document_cited_is_in_the_repository():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from k8s_http import watcher
-from k8s_http.client import WatchStream
-from k8s_http.configerror import ConfigError
-from k8s_http.errors import ServerError, from_status, has_status_cause, is_namespace_terminating
-from k8s_http.kubeconfig import read_kubeconfig
+from k8s_http.cache import watcher
+from k8s_http.wire.client import WatchStream
+from k8s_http.config.configerror import ConfigError
+from k8s_http.core.errors import ServerError, from_status, has_status_cause, is_namespace_terminating
+from k8s_http.config.kubeconfig import read_kubeconfig
 
 # YAML that parses, but whose plain scalars libyaml's resolver types as a date or an
 # int that Python cannot build: PyYAML raises ValueError there, not a YAMLError.

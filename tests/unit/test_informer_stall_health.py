@@ -19,14 +19,14 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from k8s_http.backoff import Backoff
-from k8s_http.errors import (ApiConnectionError, ApiTimeoutError, ForbiddenError,
+from k8s_http.core.backoff import Backoff
+from k8s_http.core.errors import (ApiConnectionError, ApiTimeoutError, ForbiddenError,
                              ServerError)
-from k8s_http.informer import Informer, own_key
-from k8s_http.metrics import Metrics
-from k8s_http.objects import DEPLOYMENTS
-from k8s_http.watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY
-from k8s_http.watchproto import WatchEvent
+from k8s_http.cache.informer import Informer, own_key
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import DEPLOYMENTS
+from k8s_http.cache.watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY
+from k8s_http.wire.watchproto import WatchEvent
 from tests.support.clock import FakeClock
 from tests.support.fake_client import InMemoryApiClient, ScriptedWatchStream
 from tests.support.wait import eventually

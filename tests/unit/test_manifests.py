@@ -20,8 +20,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 import controller
-from k8s_http.metrics import Metrics
-from k8s_http.names import ENV_VAR_NAME
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.names import ENV_VAR_NAME
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"

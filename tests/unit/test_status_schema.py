@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import controller
-from k8s_http.objects import set_condition
+from k8s_http.core.objects import set_condition
 
 CRD = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "manifests" / "base" /
                       "crd.yaml").read_text())

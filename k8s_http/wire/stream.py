@@ -14,7 +14,7 @@ import socket
 import threading
 
 from .connection import READ_BYTES, Deadline, ResponseHead
-from .errors import ApiConnectionError, ApiTimeoutError
+from ..core.errors import ApiConnectionError, ApiTimeoutError
 from .watchproto import ChunkedDecoder
 
 __all__ = ["Stream", "read_body"]

@@ -26,9 +26,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .informer import Informer
-from .metrics import Metrics
-from .objects import ObjectKey, Resource
+from ..cache.informer import Informer
+from ..ops.metrics import Metrics
+from ..core.objects import ObjectKey, Resource
 
 __all__ = ["DeletionWatches"]
 

@@ -69,17 +69,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
-from .backoff import Backoff
-from .defaults import WATCH_STALL_TIMEOUT_SECONDS
-from .errors import (ApiConnectionError, ApiError, ApiTimeoutError, GoneError, K8sHttpError,
+from ..core.backoff import Backoff
+from ..wire.defaults import WATCH_STALL_TIMEOUT_SECONDS
+from ..core.errors import (ApiConnectionError, ApiError, ApiTimeoutError, GoneError, K8sHttpError,
                      ProtocolError, from_status, is_too_large_resource_version)
-from .metrics import WATCH_EVENT_TYPES, Metrics
-from .objects import Resource
+from ..ops.metrics import WATCH_EVENT_TYPES, Metrics
+from ..core.objects import Resource
 from .store import Store, StoreList
-from .watchproto import WatchEvent
+from ..wire.watchproto import WatchEvent
 
 if TYPE_CHECKING:
-    from .client import ApiClient
+    from ..wire.client import ApiClient
 
 __all__ = [
     # states

@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import errors
-from .metrics import Metrics
-from .objects import LEASES
+from ..core import errors
+from ..ops.metrics import Metrics
+from ..core.objects import LEASES
 
 __all__ = [
     "LeaderElector",

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .backoff import Backoff
-from .metrics import Metrics
-from .objects import ObjectKey, Resource, controller_of, key_of, meta_of
+from ..core.backoff import Backoff
+from ..ops.metrics import Metrics
+from ..core.objects import ObjectKey, Resource, controller_of, key_of, meta_of
 from .store import Fields, StoreList, Store
 from .watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY, Watcher
 

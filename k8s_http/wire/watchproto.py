@@ -33,7 +33,7 @@ import re
 from typing import Iterator, NamedTuple
 
 from .defaults import MAX_WATCH_LINE_BYTES
-from .errors import ProtocolError
+from ..core.errors import ProtocolError
 
 __all__ = [
     "ChunkedDecoder",
