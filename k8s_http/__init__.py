@@ -15,24 +15,24 @@ from .ops.cli import flag_error, run_manager
 from .wire.client import ApiClient
 from .config.cluster import ClusterConfig, ConfigError, load_config
 from .core.errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeoutError,
-                     BadRequestError, ConflictError, ForbiddenError, GoneError, InvalidError,
-                     K8sHttpError, NotFoundError, NotLeaderError, ProtocolError,
-                     RedirectError, ServerError, TooManyRequestsError, TransportError,
-                     UnauthorizedError, has_status_cause, is_namespace_terminating)
+                          BadRequestError, ConflictError, ForbiddenError, GoneError, InvalidError,
+                          K8sHttpError, NotFoundError, NotLeaderError, ProtocolError,
+                          RedirectError, ServerError, TooManyRequestsError, TransportError,
+                          UnauthorizedError, has_status_cause, is_namespace_terminating)
 from .control.events import EventRecorder
-from .ops.flags import (add_manager_flags, manager_options, new_parser, parse_duration, positive_int,
-                    with_flag_names)
+from .ops.flags import (add_manager_flags, manager_options, new_parser, parse_duration,
+                        positive_int, with_flag_names)
 from .ops.log import setup_logging
 from .control.memo import GenerationMemo
 from .control.manager import VERSION as __version__
 from .control.manager import Manager
 from .core.names import (is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_env_var_name,
-                    is_resource_name)
+                         is_resource_name)
 from .core.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES, PODS,
-                      REPLICASETS, SECRETS, SERVICEACCOUNTS, SERVICES, ObjectKey, Resource,
-                      add_finalizer, controller_of, get_condition, has_finalizer,
-                      is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
-                      resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
+                           REPLICASETS, SECRETS, SERVICEACCOUNTS, SERVICES, ObjectKey, Resource,
+                           add_finalizer, controller_of, get_condition, has_finalizer,
+                           is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
+                           resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
 from .control.podstatus import PodCheckSchedule, pod_problem
 from .cache.projection import DroppedFieldRead, Projection
 from .core.quantity import parse_quantity, same_quantity

@@ -20,12 +20,12 @@ from prometheus_client import CollectorRegistry
 from k8s_http.wire.client import ApiClient
 from k8s_http.config.cluster import load_config
 from k8s_http.core.errors import (AlreadyExistsError, ConflictError, ForbiddenError, GoneError,
-                             InvalidError, NotFoundError, UnauthorizedError)
+                                  InvalidError, NotFoundError, UnauthorizedError)
 from k8s_http.cache.informer import Informer, own_key
 from k8s_http.ops.metrics import Metrics
 from k8s_http.core.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, NAMESPACES, REPLICASETS, SECRETS,
-                              SERVICEACCOUNTS, ObjectKey, Resource, get_condition,
-                              owner_reference)
+                                   SERVICEACCOUNTS, ObjectKey, Resource, get_condition,
+                                   owner_reference)
 from tests.support.wait import eventually
 
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", True, "Role")

@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from k8s_http.core.errors import ForbiddenError, InvalidError, NotFoundError
-from k8s_http.core.objects import (DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SERVICEACCOUNTS, SERVICES,
-                              Resource, get_condition)
+from k8s_http.core.objects import (DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SERVICEACCOUNTS,
+                                   SERVICES, Resource, get_condition)
 from tests.e2e.operator_process import free_port
 from tests.support.wait import eventually
 

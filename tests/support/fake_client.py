@@ -34,7 +34,7 @@ import copy
 from typing import Any, Callable, Collection
 
 from k8s_http.core.errors import (AlreadyExistsError, ApiConnectionError, ConflictError,
-                             NotFoundError)
+                                  NotFoundError)
 from k8s_http.core.objects import DEPLOYMENTS, EVENTS, SERVICES, ObjectKey, Resource
 
 

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from k8s_http.core import errors
 from k8s_http.control.leader import (LeaderElector, LeaderRecord, Observation, acquire_record,
-                             can_acquire, is_expired, is_leading, jittered, micro_time, observe,
-                             release_record)
+                                     can_acquire, is_expired, is_leading, jittered, micro_time,
+                                     observe, release_record)
 from k8s_http.ops.metrics import Metrics
 from k8s_http.core.objects import LEASES, ObjectKey
 from tests.support.clock import FakeClock, FakeStopEvent

@@ -11,7 +11,7 @@ import pytest
 
 from k8s_http.ops import log as klog
 from k8s_http.ops.log import (parse_level, reconcile_context, redact, setup_logging,
-                          current_context)
+                              current_context)
 
 # A realistic-looking (but fake) service-account token.
 JWT = ("eyJhbGciOiJSUzI1NiIsImtpZCI6ImFiYyJ9."
