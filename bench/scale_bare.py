@@ -40,7 +40,7 @@ from k8s_http.config.cluster import load_config  # noqa: E402
 from k8s_http.config.configerror import ConfigError  # noqa: E402
 from k8s_http.core.errors import ApiError, K8sHttpError  # noqa: E402
 from k8s_http.core.objects import Resource  # noqa: E402
-from k8s_http.cache.watcher import INITIAL_EVENTS_END  # noqa: E402
+from k8s_http.cache.watchstep import INITIAL_EVENTS_END  # noqa: E402
 
 __all__ = ["measure", "parse_resource", "NotStreaming"]
 

@@ -64,7 +64,7 @@ from k8s_http.config.cluster import load_config  # noqa: E402
 from k8s_http.core.errors import K8sHttpError  # noqa: E402
 from k8s_http.cache.informer import Informer, own_key, owner_key  # noqa: E402
 from k8s_http.cache.store import Store  # noqa: E402
-from k8s_http.cache.watcher import INITIAL_EVENTS_END  # noqa: E402
+from k8s_http.cache.watchstep import INITIAL_EVENTS_END  # noqa: E402
 from k8s_http.control.workqueue import WorkQueue  # noqa: E402
 from scaling import bare as bare_client  # noqa: E402
 

@@ -146,7 +146,7 @@ class ApiClient:
         ADDED events, then a BOOKMARK annotated `k8s.io/initial-events-end:
         "true"`, then carries on as a watch. It needs bookmarks, so they are
         requested whatever `allow_bookmarks` says. An apiserver without the
-        feature refuses it (422) or ignores it (see watcher.py).
+        feature refuses it (422) or ignores it (see watchstep.py).
 
         `skip_managed_fields`: the objects come without
         metadata.managedFields, which are then never decoded

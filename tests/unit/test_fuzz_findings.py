@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from k8s_http.cache import watcher
+from k8s_http.cache import watchstep
 from k8s_http.wire.client import WatchStream
 from k8s_http.config.configerror import ConfigError
 from k8s_http.core.errors import ServerError, from_status, has_status_cause, is_namespace_terminating
@@ -65,7 +65,7 @@ def test_an_error_event_whose_causes_are_not_a_list_is_a_failure(causes):
             f'"details":{{"causes":{causes}}}}}}}\n').encode()
     with pytest.raises(ServerError) as e:
         list(WatchStream(_Payload(line), clock=lambda: 0.0))
-    assert watcher.failure(e.value).reason == "error"
+    assert watchstep.failure(e.value).reason == "error"
     assert not is_namespace_terminating(e.value)
 
 

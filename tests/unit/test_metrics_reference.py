@@ -247,7 +247,8 @@ def test_every_decode_error_kind_the_code_uses_is_pre_set():
     # Kinds come from the decoder (_fail("kind", ...)), the watcher's step (Skip("kind"))
     # and the watcher's own labels ("framing" default, "skipped").
     sources = (ROOT / "k8s_http" / "wire" / "watchproto.py").read_text() + \
-        (ROOT / "k8s_http" / "cache" / "watcher.py").read_text()
+        (ROOT / "k8s_http" / "cache" / "watcher.py").read_text() + \
+        (ROOT / "k8s_http" / "cache" / "watchstep.py").read_text()
     used = set(re.findall(r'_fail\("(\w+)"', sources)) | set(re.findall(r'Skip\("(\w+)"', sources))
     used |= set(re.findall(r'watch_decode_errors_total\.labels\([^)]*"(\w+)"\)', sources))
     used |= set(re.findall(r'or "(\w+)"\n\s+self\._metrics\.watch_decode_errors_total', sources))

@@ -7,10 +7,12 @@ the client stops the loop when its script runs out.
 from prometheus_client import CollectorRegistry
 
 from k8s_http.core.errors import (ApiConnectionError, ForbiddenError, GoneError, InvalidError,
-                             ProtocolError)
+                                  ProtocolError)
 from k8s_http.ops.metrics import Metrics
 from k8s_http.core.objects import DEPLOYMENTS
-from k8s_http.cache.watcher import StoreList, Watcher, Watching
+from k8s_http.cache.store import StoreList
+from k8s_http.cache.watcher import Watcher
+from k8s_http.cache.watchstep import Watching
 from k8s_http.wire.watchproto import WatchEvent
 from tests.support.clock import FakeStopEvent
 from tests.support.fake_client import InMemoryApiClient, ScriptedWatchStream
