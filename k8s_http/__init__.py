@@ -11,21 +11,11 @@ configuration and configures no logging.
 """
 
 from .core.applydiff import config_hash, needs_apply, port_key, with_config_hash
-from .ops.cli import flag_error, run_manager
-from .wire.client import ApiClient
-from .config.cluster import ClusterConfig, ConfigError, load_config
 from .core.errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeoutError,
                           BadRequestError, ConflictError, ForbiddenError, GoneError, InvalidError,
                           K8sHttpError, NotFoundError, NotLeaderError, ProtocolError,
                           RedirectError, ServerError, TooManyRequestsError, TransportError,
                           UnauthorizedError, has_status_cause, is_namespace_terminating)
-from .control.events import EventRecorder
-from .ops.flags import (add_manager_flags, manager_options, new_parser, parse_duration,
-                        positive_int, with_flag_names)
-from .ops.log import setup_logging
-from .control.memo import GenerationMemo
-from .control.manager import VERSION as __version__
-from .control.manager import Manager
 from .core.names import (is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_env_var_name,
                          is_resource_name)
 from .core.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES, PODS,
@@ -33,14 +23,24 @@ from .core.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESP
                            add_finalizer, controller_of, get_condition, has_finalizer,
                            is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
                            resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
-from .control.podstatus import PodCheckSchedule, pod_problem
-from .cache.projection import DroppedFieldRead, Projection
 from .core.quantity import parse_quantity, same_quantity
+from .config.cluster import ClusterConfig, ConfigError, load_config
+from .ops.cli import flag_error, run_manager
+from .ops.flags import (add_manager_flags, manager_options, new_parser, parse_duration,
+                        positive_int, with_flag_names)
+from .ops.log import setup_logging
+from .wire.client import ApiClient
+from .wire.watchproto import WatchEvent
+from .cache.projection import DroppedFieldRead, Projection
+from .cache.store import Store
+from .control.events import EventRecorder
+from .control.manager import VERSION as __version__
+from .control.manager import Manager
+from .control.memo import GenerationMemo
+from .control.podstatus import PodCheckSchedule, pod_problem
 from .control.runner import Result, TerminalError, current_work, queued_seconds
 from .control.settled import SettledVersions
 from .control.statushold import StatusHold
-from .cache.store import Store
-from .wire.watchproto import WatchEvent
 from .control.writethrough import write_through
 
 __all__ = [

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..core.backoff import Backoff
+from ..core.objects import ObjectKey, Resource, controller_of, key_of, meta_of
 from ..ops.metrics import Metrics
 from ..wire.defaults import WATCH_STALL_TIMEOUT_SECONDS
-from ..core.objects import ObjectKey, Resource, controller_of, key_of, meta_of
 from .store import Fields, StoreList, Store
 from .watcher import Watcher
 from .watchstep import STALLS_UNHEALTHY

@@ -26,9 +26,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from ..cache.informer import Informer
-from ..ops.metrics import Metrics
 from ..core.objects import ObjectKey, Resource
+from ..ops.metrics import Metrics
+from ..cache.informer import Informer
 
 __all__ = ["DeletionWatches"]
 

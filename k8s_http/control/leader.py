@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..core import errors
-from ..ops.metrics import Metrics
 from ..core.objects import LEASES
+from ..ops.metrics import Metrics
 
 __all__ = [
     "LeaderElector",

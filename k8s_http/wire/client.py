@@ -15,10 +15,10 @@ import logging
 import time
 from collections.abc import Callable, Iterator, MutableSequence
 
-from ..config.cluster import ClusterConfig
-from .defaults import MAX_WATCH_LINE_BYTES, WATCH_STALL_TIMEOUT_SECONDS
 from ..core.errors import ApiConnectionError, ApiTimeoutError, GoneError, ProtocolError, from_status
 from ..core.objects import Resource
+from ..config.cluster import ClusterConfig
+from .defaults import MAX_WATCH_LINE_BYTES, WATCH_STALL_TIMEOUT_SECONDS
 from .transport import Stream, Transport
 from .watchproto import LineDecoder, WatchEvent
 

@@ -13,8 +13,8 @@ import http.client
 import socket
 import threading
 
-from .connection import READ_BYTES, Deadline, ResponseHead
 from ..core.errors import ApiConnectionError, ApiTimeoutError
+from .connection import READ_BYTES, Deadline, ResponseHead
 from .watchproto import ChunkedDecoder
 
 __all__ = ["Stream", "read_body"]

@@ -32,8 +32,8 @@ import json
 import re
 from typing import Iterator, NamedTuple
 
-from .defaults import MAX_WATCH_LINE_BYTES
 from ..core.errors import ProtocolError
+from .defaults import MAX_WATCH_LINE_BYTES
 
 __all__ = [
     "ChunkedDecoder",
