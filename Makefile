@@ -13,7 +13,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 IMAGE_VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE_ARCHIVE := build/my-controller-$(IMAGE_VERSION).oci.tar
 IMAGE_INPUTS := image/build.sh image/assemble.sh image/oci_index.py image/sbom.py Dockerfile \
-	image/packages.lock image/requirements.lock image/strip.list setup.cfg controller.py $(wildcard k8s_http/*.py) $(wildcard my/*.py)
+	image/packages.lock image/requirements.lock image/strip.list setup.cfg controller.py $(wildcard k8s_http/*.py k8s_http/*/*.py my/*.py)
 
 .DEFAULT_GOAL := help
 .PHONY: help testbin cluster cluster-down

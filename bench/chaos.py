@@ -54,8 +54,8 @@ from bench.convergence.observer import Observer  # noqa: E402
 from bench.convergence.operators import OurOperator, python_env  # noqa: E402,F401
 from bench.convergence.scenarios import Settings, env_value, settle, status_current  # noqa: E402
 from bench.soak import _git, _retry, check, my_object, proxied_namespace  # noqa: E402
-from k8s_http.errors import ConflictError  # noqa: E402
-from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
+from k8s_http.core.errors import ConflictError  # noqa: E402
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES  # noqa: E402
 
 NAMESPACE = "chaos"
 FAULTS = ("none", "etcd", "apiserver", "operator", "leader", "partition")

@@ -14,7 +14,7 @@ Targets (RELIABILITY.md, "Malformed bytes from the wire"):
               events are drained an unfinished line is never over the cap
   events      client.WatchStream over the de-framed body, each event and each
               failure (ERROR events become ApiErrors) stepped through the watcher's
-              state machine (watcher.step, failure), and the failure formatted as
+              state machine (watchstep.step, failure), and the failure formatted as
               the watcher logs it (JSON and text): the typed errors WatchStream
               documents (ApiError, ProtocolError, ApiConnectionError) may escape
               the stream; nothing may escape the machine or the log formatting
@@ -225,14 +225,14 @@ def _targets():
     import atheris
 
     with atheris.instrument_imports(include=["k8s_http", "yaml"]):
-        from k8s_http import watcher
-        from k8s_http.client import WatchStream
-        from k8s_http.configerror import ConfigError, CredentialError
-        from k8s_http.credentials import ExecCredential
-        from k8s_http.errors import ApiConnectionError, ApiError, ProtocolError
-        from k8s_http.kubeconfig import read_kubeconfig
-        from k8s_http.log import setup_logging
-        from k8s_http.watchproto import ChunkedDecoder, ChunkedFramingError, LineDecoder, \
+        from k8s_http.cache import watchstep
+        from k8s_http.wire.client import WatchStream
+        from k8s_http.config.configerror import ConfigError, CredentialError
+        from k8s_http.config.credentials import ExecCredential
+        from k8s_http.core.errors import ApiConnectionError, ApiError, ProtocolError
+        from k8s_http.config.kubeconfig import read_kubeconfig
+        from k8s_http.ops.log import setup_logging
+        from k8s_http.wire.watchproto import ChunkedDecoder, ChunkedFramingError, LineDecoder, \
             WatchDecodeError
 
     def pieces(data: bytes, size: int):
@@ -292,19 +292,19 @@ def _targets():
         stream = WatchStream(Payload(parts), clock=lambda: 0.0, max_line_bytes=4096,
                              skip_managed_fields=bool(data[0] & 0x80))
         # A plain watch and a streaming list, each stepped through every input.
-        states = [watcher.Watching("1"), watcher.Streaming("1")]
+        states = [watchstep.Watching("1"), watchstep.Streaming("1")]
         try:
             for event in stream:
-                states = [relisted(watcher.step(state, event)[1]) for state in states]
+                states = [relisted(watchstep.step(state, event)[1]) for state in states]
         except (ApiError, ProtocolError, ApiConnectionError) as err:
-            failed = watcher.failure(err)
+            failed = watchstep.failure(err)
             for state in states:
-                watcher.step(state, failed)
+                watchstep.step(state, failed)
             # Logged as the watcher logs a restart; its text is the server's (RELIABILITY.md
             # 11: a lone surrogate must not break a log line). A handler would swallow an
             # error in emit(), so its filters and format are called here directly.
             for handler in log_handlers:
-                record = logging.LogRecord("k8s_http.watcher", logging.WARNING, __file__, 0,
+                record = logging.LogRecord("k8s_http.cache.watcher", logging.WARNING, __file__, 0,
                                            "%s: watch restarting (%s: %s)",
                                            ("pods", failed.reason, err), (type(err), err, None))
                 if handler.filter(record):
@@ -315,8 +315,8 @@ def _targets():
 
     def relisted(state):
         """A Listing state takes no events: the loop lists first (here: an empty list)."""
-        if isinstance(state, watcher.Listing):
-            return watcher.step(state, watcher.Listed([], "2"))[1]
+        if isinstance(state, watchstep.Listing):
+            return watchstep.step(state, watchstep.Listed([], "2"))[1]
         return state
 
     workdir = Path(tempfile.mkdtemp(prefix="fuzz-kubeconfig-"))

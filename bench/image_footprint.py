@@ -47,9 +47,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from k8s_http.client import ApiClient  # noqa: E402
-from k8s_http.config import load_config  # noqa: E402
-from k8s_http.objects import NAMESPACES  # noqa: E402
+from k8s_http.wire.client import ApiClient  # noqa: E402
+from k8s_http.config.cluster import load_config  # noqa: E402
+from k8s_http.core.objects import NAMESPACES  # noqa: E402
 from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, free_port, http_get,  # noqa: E402
                                         install_manifests, is_available, kubeconfig_token,
                                         make_my)

@@ -163,12 +163,12 @@ def peak_rss_kib() -> dict:
 def child_memory(url: str, case: str, namespace: str) -> dict:
     from prometheus_client import CollectorRegistry
 
-    from k8s_http.client import ApiClient
-    from k8s_http.config import ClusterConfig
-    from k8s_http.informer import Informer
-    from k8s_http.metrics import Metrics
-    from k8s_http.objects import DEPLOYMENTS, strip_managed_fields
-    from k8s_http.store import Store
+    from k8s_http.wire.client import ApiClient
+    from k8s_http.config.cluster import ClusterConfig
+    from k8s_http.cache.informer import Informer
+    from k8s_http.ops.metrics import Metrics
+    from k8s_http.core.objects import DEPLOYMENTS, strip_managed_fields
+    from k8s_http.cache.store import Store
 
     client = ApiClient.from_config(ClusterConfig(server=url))
     metrics = Metrics(CollectorRegistry())
@@ -204,8 +204,8 @@ def _per_page_strip(client, namespace: str, started: float) -> dict:
     ApiClient.list, which applies it as each page arrives. Here the pages are
     fetched by hand and stripped before the next is read; the peaks should agree.
     """
-    from k8s_http.objects import DEPLOYMENTS, strip_managed_fields
-    from k8s_http.store import Store
+    from k8s_http.core.objects import DEPLOYMENTS, strip_managed_fields
+    from k8s_http.cache.store import Store
 
     store, items, token = Store(), [], None
     while True:
@@ -254,10 +254,10 @@ def _describe_cache(out: dict, objects: list) -> None:
 def throughput(workers: int, keys: int) -> dict:
     from prometheus_client import CollectorRegistry
 
-    from k8s_http.metrics import Metrics
-    from k8s_http.objects import ObjectKey
-    from k8s_http.runner import Runner
-    from k8s_http.workqueue import WorkQueue
+    from k8s_http.ops.metrics import Metrics
+    from k8s_http.core.objects import ObjectKey
+    from k8s_http.control.runner import Runner
+    from k8s_http.control.workqueue import WorkQueue
 
     metrics = Metrics(CollectorRegistry())
     queue = WorkQueue("bench", metrics=metrics)
@@ -290,7 +290,7 @@ def throughput(workers: int, keys: int) -> dict:
 # ---- the parent ----------------------------------------------------------------
 
 def run_memory(objects: int) -> list[dict]:
-    from k8s_http.objects import DEPLOYMENTS
+    from k8s_http.core.objects import DEPLOYMENTS
     from tests.support.fake_apiserver import FakeApiServer
 
     namespace = "bench"

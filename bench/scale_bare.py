@@ -35,12 +35,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from k8s_http.client import ApiClient  # noqa: E402
-from k8s_http.config import load_config  # noqa: E402
-from k8s_http.configerror import ConfigError  # noqa: E402
-from k8s_http.errors import ApiError, K8sHttpError  # noqa: E402
-from k8s_http.objects import Resource  # noqa: E402
-from k8s_http.watcher import INITIAL_EVENTS_END  # noqa: E402
+from k8s_http.wire.client import ApiClient  # noqa: E402
+from k8s_http.config.cluster import load_config  # noqa: E402
+from k8s_http.config.configerror import ConfigError  # noqa: E402
+from k8s_http.core.errors import ApiError, K8sHttpError  # noqa: E402
+from k8s_http.core.objects import Resource  # noqa: E402
+from k8s_http.cache.watchstep import INITIAL_EVENTS_END  # noqa: E402
 
 __all__ = ["measure", "parse_resource", "NotStreaming"]
 

@@ -58,8 +58,8 @@ from bench.convergence.cluster import (BENCH_USER_AGENT, MY, OPERATOR_USER,  # n
 from bench.convergence.operators import OurOperator  # noqa: E402
 from bench.convergence.scenarios import ENV_NAME, env_value as env_of  # noqa: E402
 from bench.scaling.analysis import fit_line  # noqa: E402
-from k8s_http.errors import K8sHttpError, NotFoundError  # noqa: E402
-from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
+from k8s_http.core.errors import K8sHttpError, NotFoundError  # noqa: E402
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES  # noqa: E402
 from tests.support.faultproxy import FaultProxy, scenario  # noqa: E402
 from bench import soak_alloc  # noqa: E402
 

@@ -62,10 +62,10 @@ object above the kept set on both paths (never a whole parsed list or page).
 # One run in a fresh process; argv: kubeconfig namespace mode kind
 _CHILD = r"""
 import gc, json, sys, time, tracemalloc
-from k8s_http.client import ApiClient
-from k8s_http.config import load_config
-from k8s_http.informer import Informer
-from k8s_http.objects import CONFIGMAPS
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import load_config
+from k8s_http.cache.informer import Informer
+from k8s_http.core.objects import CONFIGMAPS
 import scale_bare
 kubeconfig, namespace, mode, kind = sys.argv[1:5]
 client = ApiClient.from_config(load_config(kubeconfig))
@@ -114,10 +114,10 @@ print(json.dumps(out))
 
 
 def ensure_fleet(kubeconfig: str, n: int) -> None:
-    from k8s_http.client import ApiClient
-    from k8s_http.config import load_config
-    from k8s_http.errors import AlreadyExistsError
-    from k8s_http.objects import CONFIGMAPS, NAMESPACES
+    from k8s_http.wire.client import ApiClient
+    from k8s_http.config.cluster import load_config
+    from k8s_http.core.errors import AlreadyExistsError
+    from k8s_http.core.objects import CONFIGMAPS, NAMESPACES
     client = ApiClient.from_config(load_config(kubeconfig))
     try:
         try:

@@ -12,7 +12,7 @@ bytes to DIR/<plural>.jsonl: the watch events as the apiserver sent them.
 
 `replay` feeds those bytes, in one process, alternately to
 
-  bare   k8s_http.client.WatchStream alone, every event decoded and dropped:
+  bare   k8s_http.wire.client.WatchStream alone, every event decoded and dropped:
          what bench/scaling/bare.py's client does once bytes are off the socket;
   ours   the operator's three informers (controller.PROJECTIONS, the managed
          fields cut from the bytes, packing, the stores, the sync step, the
@@ -59,13 +59,13 @@ for _path in (ROOT / "bench", ROOT):
         sys.path.insert(0, str(_path))
 
 from controller import PROJECTIONS  # noqa: E402
-from k8s_http.client import ApiClient, WatchStream  # noqa: E402
-from k8s_http.config import load_config  # noqa: E402
-from k8s_http.errors import K8sHttpError  # noqa: E402
-from k8s_http.informer import Informer, own_key, owner_key  # noqa: E402
-from k8s_http.store import Store  # noqa: E402
-from k8s_http.watcher import INITIAL_EVENTS_END  # noqa: E402
-from k8s_http.workqueue import WorkQueue  # noqa: E402
+from k8s_http.wire.client import ApiClient, WatchStream  # noqa: E402
+from k8s_http.config.cluster import load_config  # noqa: E402
+from k8s_http.core.errors import K8sHttpError  # noqa: E402
+from k8s_http.cache.informer import Informer, own_key, owner_key  # noqa: E402
+from k8s_http.cache.store import Store  # noqa: E402
+from k8s_http.cache.watchstep import INITIAL_EVENTS_END  # noqa: E402
+from k8s_http.control.workqueue import WorkQueue  # noqa: E402
 from my.spec import MY  # noqa: E402
 from scaling import bare as bare_client  # noqa: E402
 

@@ -12,7 +12,7 @@ in a fresh subprocess: an untimed warm-up of 500 events (lazy imports, first
 connection), then the timed read of the whole stream, reporting events, wall
 seconds and its own CPU seconds:
 
-  client       ours, end to end: k8s_http.client.ApiClient.watch (falls back
+  client       ours, end to end: k8s_http.wire.client.ApiClient.watch (falls back
                to Transport.stream + LineDecoder, then to `raw`, when the
                client or transport is missing or broken; the label says which)
   raw          ours, strict framing: socket recv -> ChunkedDecoder -> LineDecoder
@@ -223,7 +223,7 @@ def _read_head(sock: socket.socket) -> bytes:
 
 
 def setup_raw(port: int, data_dir: Path):
-    from k8s_http.watchproto import ChunkedDecoder, LineDecoder
+    from k8s_http.wire.watchproto import ChunkedDecoder, LineDecoder
 
     def run(tally: Tally) -> None:
         framing, lines = ChunkedDecoder(), LineDecoder()
@@ -245,7 +245,7 @@ def setup_raw(port: int, data_dir: Path):
 
 def setup_httpclient(port: int, data_dir: Path):
     import http.client
-    from k8s_http.watchproto import LineDecoder
+    from k8s_http.wire.watchproto import LineDecoder
 
     def run(tally: Tally) -> None:
         lines = LineDecoder()
@@ -264,7 +264,7 @@ def setup_httpclient(port: int, data_dir: Path):
 
 def setup_decoder(port: int, data_dir: Path):
     """The framed bytes from memory, READ_SIZE at a time: the decoders' own cost."""
-    from k8s_http.watchproto import ChunkedDecoder, LineDecoder
+    from k8s_http.wire.watchproto import ChunkedDecoder, LineDecoder
     framed = (data_dir / FRAMED_FILE).read_bytes()
     pieces = [framed[i:i + READ_SIZE] for i in range(0, len(framed), READ_SIZE)]
 
@@ -302,9 +302,9 @@ def _kubeconfig(port: int, data_dir: Path) -> str:
 def setup_client(port: int, data_dir: Path):
     """Our end-to-end path: ApiClient.watch, else Transport.stream, else `raw`."""
     try:
-        from k8s_http.client import ApiClient
-        from k8s_http.config import load_config
-        from k8s_http.objects import DEPLOYMENTS
+        from k8s_http.wire.client import ApiClient
+        from k8s_http.config.cluster import load_config
+        from k8s_http.core.objects import DEPLOYMENTS
         client = ApiClient.from_config(load_config(_kubeconfig(port, data_dir)))
     except Exception as err:    # not written yet, or broken: say so in the label
         print(f"ApiClient unavailable ({type(err).__name__}: {err})", file=sys.stderr)
@@ -315,9 +315,9 @@ def setup_client(port: int, data_dir: Path):
                     tally.add(event.object)
         return "ApiClient.watch", run
     try:
-        from k8s_http.config import load_config
-        from k8s_http.transport import Transport
-        from k8s_http.watchproto import LineDecoder
+        from k8s_http.config.cluster import load_config
+        from k8s_http.wire.transport import Transport
+        from k8s_http.wire.watchproto import LineDecoder
         transport = Transport(load_config(_kubeconfig(port, data_dir)))
     except Exception as err:
         print(f"Transport unavailable ({type(err).__name__}: {err})", file=sys.stderr)

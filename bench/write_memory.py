@@ -265,8 +265,8 @@ def measure(size: int, args, work: Path) -> dict:
             self.plane = ControlPlane(controller_manager=False)
             self.plane.start()
             self.started_here = True
-            from k8s_http.client import ApiClient
-            from k8s_http.config import load_config
+            from k8s_http.wire.client import ApiClient
+            from k8s_http.config.cluster import load_config
             self.client = ApiClient.from_config(load_config(str(self.kubeconfig)),
                                                 user_agent="my-controller-bench/memory",
                                                 pool_size=32)
@@ -402,8 +402,8 @@ def cache_only(size: int) -> dict:
     import tracemalloc
 
     import controller
-    from k8s_http.objects import strip_managed_fields
-    from k8s_http.store import Store
+    from k8s_http.core.objects import strip_managed_fields
+    from k8s_http.cache.store import Store
 
     out = {"size": size}
     for label, transforms in (("strip_managed_fields", [strip_managed_fields] * 3),

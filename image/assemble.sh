@@ -68,10 +68,9 @@ find "$ROOTFS" -name '__pycache__' -prune -exec rm -rf {} +   # all rebuilt in s
 
 # ---- 2. the operator, its entrypoint, its user ---------------------------------
 install -m 0644 "$ROOT/controller.py" "$ROOTFS/$SITE/"
-install -d "$ROOTFS/$SITE/k8s_http"
-install -m 0644 "$ROOT"/k8s_http/*.py "$ROOTFS/$SITE/k8s_http/"
-install -d "$ROOTFS/$SITE/my"
-install -m 0644 "$ROOT"/my/*.py "$ROOTFS/$SITE/my/"
+# The packages (k8s_http with its wings, my): every .py, nothing else.
+(cd "$ROOT" && find k8s_http my -name '*.py' -not -path '*/__pycache__/*' | sort) |
+    while read -r src; do install -D -m 0644 "$ROOT/$src" "$ROOTFS/$SITE/$src"; done
 # The console script setup.cfg declares (my-controller = controller:main). The
 # kernel runs its #! line itself: no shell needed.
 cat > "$ROOTFS/usr/bin/my-controller" <<EOF

@@ -10,38 +10,38 @@ Importing this package connects to nothing, starts no thread, reads no
 configuration and configures no logging.
 """
 
-from .applydiff import config_hash, needs_apply, port_key, with_config_hash
-from .cli import flag_error, run_manager
-from .client import ApiClient
-from .config import ClusterConfig, ConfigError, load_config
-from .errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeoutError,
-                     BadRequestError, ConflictError, ForbiddenError, GoneError, InvalidError,
-                     K8sHttpError, NotFoundError, NotLeaderError, ProtocolError,
-                     RedirectError, ServerError, TooManyRequestsError, TransportError,
-                     UnauthorizedError, has_status_cause, is_namespace_terminating)
-from .events import EventRecorder
-from .flags import (add_manager_flags, manager_options, new_parser, parse_duration, positive_int,
-                    with_flag_names)
-from .log import setup_logging
-from .memo import GenerationMemo
-from .manager import VERSION as __version__
-from .manager import Manager
-from .names import (is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_env_var_name,
-                    is_resource_name)
-from .objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES, PODS,
-                      REPLICASETS, SECRETS, SERVICEACCOUNTS, SERVICES, ObjectKey, Resource,
-                      add_finalizer, controller_of, get_condition, has_finalizer,
-                      is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
-                      resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
-from .podstatus import PodCheckSchedule, pod_problem
-from .projection import DroppedFieldRead, Projection
-from .quantity import parse_quantity, same_quantity
-from .runner import Result, TerminalError, current_work, queued_seconds
-from .settled import SettledVersions
-from .statushold import StatusHold
-from .store import Store
-from .watchproto import WatchEvent
-from .writethrough import write_through
+from .core.applydiff import config_hash, needs_apply, port_key, with_config_hash
+from .core.errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiTimeoutError,
+                          BadRequestError, ConflictError, ForbiddenError, GoneError, InvalidError,
+                          K8sHttpError, NotFoundError, NotLeaderError, ProtocolError,
+                          RedirectError, ServerError, TooManyRequestsError, TransportError,
+                          UnauthorizedError, has_status_cause, is_namespace_terminating)
+from .core.names import (is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_env_var_name,
+                         is_resource_name)
+from .core.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES, PODS,
+                           REPLICASETS, SECRETS, SERVICEACCOUNTS, SERVICES, ObjectKey, Resource,
+                           add_finalizer, controller_of, get_condition, has_finalizer,
+                           is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
+                           resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
+from .core.quantity import parse_quantity, same_quantity
+from .config.cluster import ClusterConfig, ConfigError, load_config
+from .ops.cli import flag_error, run_manager
+from .ops.flags import (add_manager_flags, manager_options, new_parser, parse_duration,
+                        positive_int, with_flag_names)
+from .ops.log import setup_logging
+from .wire.client import ApiClient
+from .wire.watchproto import WatchEvent
+from .cache.projection import DroppedFieldRead, Projection
+from .cache.store import Store
+from .control.events import EventRecorder
+from .control.manager import VERSION as __version__
+from .control.manager import Manager
+from .control.memo import GenerationMemo
+from .control.podstatus import PodCheckSchedule, pod_problem
+from .control.runner import Result, TerminalError, current_work, queued_seconds
+from .control.settled import SettledVersions
+from .control.statushold import StatusHold
+from .control.writethrough import write_through
 
 __all__ = [
     "Manager", "Result", "TerminalError", "ObjectKey", "Resource", "Store", "queued_seconds",

@@ -33,10 +33,10 @@ if str(ROOT) not in sys.path:
 
 import yaml  # noqa: E402  (the project's own dependency)
 
-from k8s_http.client import ApiClient  # noqa: E402
-from k8s_http.config import load_config  # noqa: E402
-from k8s_http.errors import ConflictError, NotFoundError  # noqa: E402
-from k8s_http.objects import CRDS, NAMESPACES, Resource  # noqa: E402
+from k8s_http.wire.client import ApiClient  # noqa: E402
+from k8s_http.config.cluster import load_config  # noqa: E402
+from k8s_http.core.errors import ConflictError, NotFoundError  # noqa: E402
+from k8s_http.core.objects import CRDS, NAMESPACES, Resource  # noqa: E402
 from tests.support.controlplane import ControlPlane, ControlPlaneError  # noqa: E402
 
 BENCH_USER_AGENT = "my-controller-bench/converge"

@@ -13,9 +13,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from k8s_http.client import ApiClient
-from k8s_http.errors import GoneError, K8sHttpError
-from k8s_http.objects import DEPLOYMENTS, SERVICES, Resource
+from k8s_http.wire.client import ApiClient
+from k8s_http.core.errors import GoneError, K8sHttpError
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES, Resource
 
 from .cluster import MY
 

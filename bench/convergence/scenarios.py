@@ -224,7 +224,7 @@ def floor(cluster: BenchCluster, observer: Observer, namespace: str, count: int,
     Deployment is the earliest any operator could report the Mys' status on this
     machine: what no operator can go below, and what bounds the ratio to kopf."""
     from my.render import render_deployment, render_service   # the bench runs from ROOT
-    from k8s_http.objects import DEPLOYMENTS, SERVICES
+    from k8s_http.core.objects import DEPLOYMENTS, SERVICES
 
     todo = names("my", count)
     tracker = observer.track([("deployment", n) for n in todo],

@@ -33,10 +33,10 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 from convergence.cluster import BENCH_USER_AGENT  # noqa: E402
-from k8s_http.client import ApiClient  # noqa: E402
-from k8s_http.config import load_config  # noqa: E402
-from k8s_http.errors import K8sHttpError  # noqa: E402
-from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
+from k8s_http.wire.client import ApiClient  # noqa: E402
+from k8s_http.config.cluster import load_config  # noqa: E402
+from k8s_http.core.errors import K8sHttpError  # noqa: E402
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES  # noqa: E402
 from my.spec import MANAGED_SELECTOR, MY  # noqa: E402
 
 PAGE_SIZE = 500

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 from convergence.cluster import MY
 from convergence.scenarios import my_object
-from k8s_http.client import ApiClient
-from k8s_http.errors import AlreadyExistsError, NotFoundError
-from k8s_http.objects import DEPLOYMENTS, SERVICES, rfc3339_now
+from k8s_http.wire.client import ApiClient
+from k8s_http.core.errors import AlreadyExistsError, NotFoundError
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES, rfc3339_now
 from my.render import render_deployment, render_service
 from my.spec import FIELD_MANAGER
 from my.status import desired_status

@@ -107,8 +107,8 @@ def admin_kubeconfig(control_plane) -> str:
 
 @pytest.fixture
 def api(admin_kubeconfig):
-    from k8s_http.client import ApiClient
-    from k8s_http.config import load_config
+    from k8s_http.wire.client import ApiClient
+    from k8s_http.config.cluster import load_config
 
     client = ApiClient.from_config(load_config(admin_kubeconfig))
     try:
@@ -120,8 +120,8 @@ def api(admin_kubeconfig):
 @pytest.fixture
 def namespace(api, request) -> str:
     """A namespace of its own for each test, named after it (deletion is not awaited)."""
-    from k8s_http.errors import NotFoundError
-    from k8s_http.objects import NAMESPACES
+    from k8s_http.core.errors import NotFoundError
+    from k8s_http.core.objects import NAMESPACES
 
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")
     name = f"e2e-{slug[:40].rstrip('-')}-{uuid.uuid4().hex[:5]}"

@@ -27,8 +27,8 @@ import time
 
 import yaml
 
-from k8s_http.errors import NotFoundError
-from k8s_http.objects import DEPLOYMENTS, LEASES, Resource, get_condition
+from k8s_http.core.errors import NotFoundError
+from k8s_http.core.objects import DEPLOYMENTS, LEASES, Resource, get_condition
 from tests.support.ports import free_port  # noqa: F401 (tests import it from here)
 from tests.support.wait import eventually
 

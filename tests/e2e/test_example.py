@@ -9,8 +9,8 @@ import re
 import pytest
 import yaml
 
-from k8s_http.errors import AlreadyExistsError, NotFoundError
-from k8s_http.objects import CONFIGMAPS, CRDS, get_condition
+from k8s_http.core.errors import AlreadyExistsError, NotFoundError
+from k8s_http.core.objects import CONFIGMAPS, CRDS, get_condition
 from tests.support.wait import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -38,8 +38,8 @@ def widgets_crd(api_module):
 
 @pytest.fixture(scope="module")
 def api_module(admin_kubeconfig):
-    from k8s_http.client import ApiClient
-    from k8s_http.config import load_config
+    from k8s_http.wire.client import ApiClient
+    from k8s_http.config.cluster import load_config
     client = ApiClient.from_config(load_config(admin_kubeconfig))
     yield client
     client.transport.close()
@@ -47,7 +47,7 @@ def api_module(admin_kubeconfig):
 
 def test_the_example_operator_works(widgets_crd, admin_kubeconfig, api, namespace):
     from examples.widget_operator import WIDGETS, build
-    from k8s_http.config import load_config
+    from k8s_http.config.cluster import load_config
 
     mgr = build(load_config(admin_kubeconfig), metrics_bind_address="0",
                 health_probe_bind_address="0", namespaces=[namespace])

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from k8s_http.errors import NotFoundError
-from k8s_http.objects import DEPLOYMENTS
+from k8s_http.core.errors import NotFoundError
+from k8s_http.core.objects import DEPLOYMENTS
 from tests.e2e.operator_process import (MY, delete_mys_and_wait, http_get, install_manifests,
                                         make_my, metric_sum)
 from tests.support.faultproxy import FaultProxy, scenario

@@ -23,8 +23,8 @@ import uuid
 import pytest
 import yaml
 
-from k8s_http.errors import NotFoundError
-from k8s_http.objects import DEPLOYMENTS, NAMESPACES, Resource
+from k8s_http.core.errors import NotFoundError
+from k8s_http.core.objects import DEPLOYMENTS, NAMESPACES, Resource
 from tests.e2e.operator_process import (MY, free_port, http_get, is_available, kubectl,
                                         lease_spec, make_my, metric_sum)
 from tests.e2e.test_image import image, service_account_files  # noqa: F401 (a fixture)

@@ -27,8 +27,8 @@ import subprocess
 import pytest
 import yaml
 
-from k8s_http.errors import NotFoundError
-from k8s_http.objects import DEPLOYMENTS, LEASES, SERVICES
+from k8s_http.core.errors import NotFoundError
+from k8s_http.core.objects import DEPLOYMENTS, LEASES, SERVICES
 from tests.support.image_runtime import PodSandbox, UnpackedImage
 from tests.e2e.operator_process import (MY, ROOT, SA, SYSTEM_NS, free_port,
                                         http_get, install_manifests, is_available,
@@ -61,8 +61,8 @@ def image(tmp_path_factory) -> UnpackedImage:
     unpacked = UnpackedImage.from_archive(ARCHIVE, tmp_path_factory.mktemp("image"))
     # The image must hold the code under test, not an older build of it.
     stale = [str(src.relative_to(ROOT))
-             for src in [ROOT / "controller.py", *sorted((ROOT / "k8s_http").glob("*.py")),
-                         *sorted((ROOT / "my").glob("*.py"))]
+             for src in [ROOT / "controller.py", *sorted((ROOT / "k8s_http").rglob("*.py")),
+                         *sorted((ROOT / "my").rglob("*.py"))]
              if (unpacked.rootfs / SITE / src.relative_to(ROOT)).read_bytes() != src.read_bytes()]
     assert not stale, f"the image is older than {stale}: run `make image`"
     return unpacked
@@ -256,7 +256,7 @@ def test_the_arm64_bytecode_is_what_its_own_interpreter_compiles(image, arm64_im
     reference flags, so each side compiles in the same state; the bytes are not
     compared with the shipped files, which compileall made in another.)"""
     script = r"""
-import hashlib, importlib.util, sys, controller, k8s_http.manager, yaml, prometheus_client
+import hashlib, importlib.util, sys, controller, k8s_http.control.manager, yaml, prometheus_client
 from importlib._bootstrap_external import _code_to_hash_pyc
 for path in sorted({getattr(m, "__file__", None) or "" for m in list(sys.modules.values())}):
     if path.endswith(".py") and "sysconfigdata" not in path:

@@ -17,15 +17,15 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from k8s_http.client import ApiClient
-from k8s_http.config import load_config
-from k8s_http.errors import (AlreadyExistsError, ConflictError, ForbiddenError, GoneError,
-                             InvalidError, NotFoundError, UnauthorizedError)
-from k8s_http.informer import Informer, own_key
-from k8s_http.metrics import Metrics
-from k8s_http.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, NAMESPACES, REPLICASETS, SECRETS,
-                              SERVICEACCOUNTS, ObjectKey, Resource, get_condition,
-                              owner_reference)
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import load_config
+from k8s_http.core.errors import (AlreadyExistsError, ConflictError, ForbiddenError, GoneError,
+                                  InvalidError, NotFoundError, UnauthorizedError)
+from k8s_http.cache.informer import Informer, own_key
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, NAMESPACES, REPLICASETS, SECRETS,
+                                   SERVICEACCOUNTS, ObjectKey, Resource, get_condition,
+                                   owner_reference)
 from tests.support.wait import eventually
 
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", True, "Role")

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from k8s_http.objects import DEPLOYMENTS
+from k8s_http.core.objects import DEPLOYMENTS
 from tests.e2e.operator_process import (MY, OperatorProcess,
                                         install_manifests, is_available, lease_spec, make_my,
                                         micro_time_to_epoch, stays_true)

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from k8s_http.objects import DEPLOYMENTS, SERVICES
-from k8s_http.watchproto import cut_managed_fields
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES
+from k8s_http.wire.watchproto import cut_managed_fields
 from tests.e2e.test_example import api_module, widgets_crd  # noqa: F401  (fixtures)
 from tests.support.wait import eventually
 

@@ -21,8 +21,8 @@ import ssl
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from k8s_http.errors import NotFoundError
-from k8s_http.objects import SERVICEACCOUNTS, Resource
+from k8s_http.core.errors import NotFoundError
+from k8s_http.core.objects import SERVICEACCOUNTS, Resource
 from tests.e2e.operator_process import (SA, SYSTEM_NS, close_fleet_and_delete_lease, http_get,
                                         install_manifests, kubeconfig_token)
 from tests.support.certs import test_pki

@@ -25,9 +25,9 @@ import time
 
 import pytest
 
-from k8s_http.client import ApiClient
-from k8s_http.config import load_config
-from k8s_http.objects import NAMESPACES, PODS, Resource, get_condition
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import load_config
+from k8s_http.core.objects import NAMESPACES, PODS, Resource, get_condition
 from tests.e2e.operator_process import install_manifests
 from tests.e2e.test_operator import MY, get_or_none, make_my
 from tests.support.controlplane import ControlPlane, ControlPlaneError

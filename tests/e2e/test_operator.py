@@ -26,9 +26,9 @@ import urllib.request
 import pytest
 import yaml
 
-from k8s_http.errors import ForbiddenError, InvalidError, NotFoundError
-from k8s_http.objects import (DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SERVICEACCOUNTS, SERVICES,
-                              Resource, get_condition)
+from k8s_http.core.errors import ForbiddenError, InvalidError, NotFoundError
+from k8s_http.core.objects import (DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SERVICEACCOUNTS,
+                                   SERVICES, Resource, get_condition)
 from tests.e2e.operator_process import free_port
 from tests.support.wait import eventually
 

@@ -24,8 +24,8 @@ import uuid
 import pytest
 import yaml
 
-from k8s_http.errors import NotFoundError
-from k8s_http.objects import NAMESPACES, SERVICEACCOUNTS, Resource
+from k8s_http.core.errors import NotFoundError
+from k8s_http.core.objects import NAMESPACES, SERVICEACCOUNTS, Resource
 from tests.e2e.operator_process import (MANIFESTS, delete_mys_and_wait, is_available,
                                         kubeconfig_token, kubectl, lease_spec, make_my)
 from tests.support.certs import test_pki

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from k8s_http.objects import PODS, REPLICASETS, SECRETS, get_condition
+from k8s_http.core.objects import PODS, REPLICASETS, SECRETS, get_condition
 from tests.e2e.test_operator import (  # noqa: F401  (fixtures)
     MY, get_or_none, installed, make_my, operator,
 )

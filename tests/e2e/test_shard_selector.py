@@ -1,6 +1,6 @@
 """KEP-5866 `shardSelector` on the real kube-apiserver v1.36, gate on and gate off.
 
-What k8s_http.shards assumes, held against the server it was written for:
+What k8s_http.core.shards assumes, held against the server it was written for:
 - gate on: the server keeps exactly the objects our FNV-1a 64 of the uid (or
   namespace) puts in the ranges, for lists (from etcd, from the watch cache,
   paginated), streaming lists (`sendInitialEvents=true`, as our watcher
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k8s_http.shards import (
+from k8s_http.core.shards import (
     HASH_SPACE, NAMESPACE, SLOTS, Ranges, fnv1a_64, is_server_filtered, keeps, ranges_of,
     ranges_of_slots)
 from tests.support.controlplane import ControlPlane, ControlPlaneError

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from k8s_http.objects import DEPLOYMENTS, NAMESPACES, PODS, SERVICES, get_condition
+from k8s_http.core.objects import DEPLOYMENTS, NAMESPACES, PODS, SERVICES, get_condition
 from tests.e2e.test_operator import (  # noqa: F401  (fixtures)
     MY, TIMEOUT, events_for, get_or_none, installed, kubectl, make_my, operator,
     wait_reason,

@@ -13,8 +13,8 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from k8s_http.objects import CONFIGMAPS, ObjectKey
-from k8s_http.watcher import Watching
+from k8s_http.core.objects import CONFIGMAPS, ObjectKey
+from k8s_http.cache.watchstep import Watching
 from tests.e2e.test_k8s_http import InformerHarness, configmap
 from tests.support.faultproxy import FaultProxy
 from tests.support.wait import eventually

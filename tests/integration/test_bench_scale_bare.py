@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from k8s_http.client import ApiClient
-from k8s_http.config import ClusterConfig
-from k8s_http.objects import DEPLOYMENTS
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import ClusterConfig
+from k8s_http.core.objects import DEPLOYMENTS
 from tests.support.fake_apiserver import FakeApiServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

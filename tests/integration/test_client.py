@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from k8s_http import errors
-from k8s_http.client import ApiClient
-from k8s_http.config import ClusterConfig, StaticToken
-from k8s_http.metrics import Metrics
-from k8s_http.objects import CONFIGMAPS, DEPLOYMENTS, NAMESPACES
-from k8s_http.watchproto import WatchDecodeError
+from k8s_http.core import errors
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import ClusterConfig, StaticToken
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import CONFIGMAPS, DEPLOYMENTS, NAMESPACES
+from k8s_http.wire.watchproto import WatchDecodeError
 from tests.support.fake_apiserver import (
     LAST_CHUNK, TOKEN, call, chunk, http_head, raw, status, status_body, trickle,
     watch_line,

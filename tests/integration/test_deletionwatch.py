@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from k8s_http.client import ApiClient
-from k8s_http.config import ClusterConfig
-from k8s_http.deletionwatch import DeletionWatches
-from k8s_http.objects import DEPLOYMENTS, ObjectKey
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import ClusterConfig
+from k8s_http.control.deletionwatch import DeletionWatches
+from k8s_http.core.objects import DEPLOYMENTS, ObjectKey
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.wait import eventually
 

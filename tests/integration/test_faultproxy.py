@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from k8s_http import errors
-from k8s_http.client import ApiClient
-from k8s_http.config import ClusterConfig
-from k8s_http.metrics import Metrics
-from k8s_http.objects import CONFIGMAPS
-from k8s_http.watchproto import ChunkedFramingError, WatchDecodeError
+from k8s_http.core import errors
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import ClusterConfig
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import CONFIGMAPS
+from k8s_http.wire.watchproto import ChunkedFramingError, WatchDecodeError
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.faultproxy import FaultProxy, scenario
 from tests.support.wait import eventually

@@ -14,12 +14,12 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http.backoff import Backoff
-from k8s_http.client import ApiClient
-from k8s_http.config import ClusterConfig
-from k8s_http.metrics import Metrics
-from k8s_http.objects import CONFIGMAPS, DEPLOYMENTS, ObjectKey
-from k8s_http.informer import Informer, own_key, owner_key
+from k8s_http.core.backoff import Backoff
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import ClusterConfig
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import CONFIGMAPS, DEPLOYMENTS, ObjectKey
+from k8s_http.cache.informer import Informer, own_key, owner_key
 from tests.support.fake_apiserver import (FakeApiServer, chunk, http_head, raw, status,
                                           status_body, watch_line)
 from tests.support.wait import eventually
@@ -405,8 +405,8 @@ def test_stop_is_prompt_even_with_a_quiet_watch_open():
 
 
 def test_a_burst_of_10000_events_on_one_object_is_reconciled_a_handful_of_times():
-    from k8s_http.runner import Runner
-    from k8s_http.workqueue import WorkQueue
+    from k8s_http.control.runner import Runner
+    from k8s_http.control.workqueue import WorkQueue
 
     with FakeApiServer() as server:
         obj = server.create_object(PATH, deployment("hot"))

@@ -66,7 +66,10 @@ def test_no_test_or_build_files_in_site_packages(venv):
     python, _ = venv
     sp = footprint.site_packages(python)
     assert (sp / "controller.py").is_file() and (sp / "k8s_http" / "__init__.py").is_file()
-    assert {p.name for p in (sp / "my").glob("*.py")} == {p.name for p in (ROOT / "my").glob("*.py")}
+    # every module of every package and wing (sub-package) is installed, not only the roots
+    ours = sorted(p.relative_to(ROOT).as_posix()
+                  for package in ("k8s_http", "my") for p in (ROOT / package).rglob("*.py"))
+    assert [m for m in ours if not (sp / m).is_file()] == []
     assert not (sp / "tests").exists() and not (sp / "bench").exists()
     assert not list(sp.glob("k8s_http/**/test_*.py"))
     # the runtime (without pip/setuptools) stays small

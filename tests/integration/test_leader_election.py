@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from k8s_http import errors
-from k8s_http.client import ApiClient
-from k8s_http.config import ClusterConfig
-from k8s_http.leader import LeaderElector, LeaderRecord
-from k8s_http.objects import CONFIGMAPS, LEASES
+from k8s_http.core import errors
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import ClusterConfig
+from k8s_http.control.leader import LeaderElector, LeaderRecord
+from k8s_http.core.objects import CONFIGMAPS, LEASES
 from tests.support.fake_apiserver import FakeApiServer, stall, status
 from tests.support.wait import eventually
 

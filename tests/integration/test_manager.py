@@ -162,7 +162,7 @@ def test_a_dead_worker_thread_is_restarted_by_the_supervisor(server):
 
 
 def test_events_are_posted_from_their_own_thread_and_flushed_on_stop(server):
-    from k8s_http.objects import EVENTS
+    from k8s_http.core.objects import EVENTS
     server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "a"}, "data": {}})
     mgr = _manager(server)
     recorder = mgr.event_recorder()

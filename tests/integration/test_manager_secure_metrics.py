@@ -19,7 +19,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from k8s_http import CONFIGMAPS, ConfigError, Manager, with_flag_names
-from k8s_http.objects import LEASES, SUBJECTACCESSREVIEWS, TOKENREVIEWS
+from k8s_http.core.objects import LEASES, SUBJECTACCESSREVIEWS, TOKENREVIEWS
 from tests.e2e.operator_process import free_port
 from tests.support.certs import test_pki
 from tests.support.wait import eventually
@@ -125,7 +125,7 @@ def test_configuration_errors_name_the_fix(apiserver, tmp_path):
     assert "address of its own" in str(info.value)
 
     # A certificate without --metrics-secure would leave /metrics open: refused. The
-    # Manager names its arguments; a command line built on k8s_http.flags, its flags.
+    # Manager names its arguments; a command line built on k8s_http.ops.flags, its flags.
     with pytest.raises(ConfigError) as info:
         Manager(apiserver.config(), "x", metrics_bind_address="127.0.0.1:0",
                 health_probe_bind_address="0", metrics_cert_dir=str(tmp_path),

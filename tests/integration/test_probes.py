@@ -6,7 +6,7 @@ import socket
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from k8s_http.probes import HealthChecks, ProbeServer, parse_bind_address, ping
+from k8s_http.ops.probes import HealthChecks, ProbeServer, parse_bind_address, ping
 
 
 class Check:

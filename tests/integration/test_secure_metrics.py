@@ -14,10 +14,10 @@ import ssl
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from k8s_http.authn import MetricsAuthorizer, self_signed_cert, server_tls_context
-from k8s_http.client import ApiClient
-from k8s_http.config import ClusterConfig
-from k8s_http.probes import HealthChecks, ProbeServer, ping
+from k8s_http.ops.authn import MetricsAuthorizer, self_signed_cert, server_tls_context
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import ClusterConfig
+from k8s_http.ops.probes import HealthChecks, ProbeServer, ping
 from tests.support.certs import test_pki
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,13 +16,13 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http.backoff import Backoff
-from k8s_http.client import ApiClient
-from k8s_http.config import ClusterConfig
-from k8s_http.informer import Informer, own_key
-from k8s_http.metrics import Metrics
-from k8s_http.objects import DEPLOYMENTS
-from k8s_http.probes import HealthChecks, ProbeServer
+from k8s_http.core.backoff import Backoff
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import ClusterConfig
+from k8s_http.cache.informer import Informer, own_key
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import DEPLOYMENTS
+from k8s_http.ops.probes import HealthChecks, ProbeServer
 from tests.support.fake_apiserver import (FakeApiServer, http_head, raw, sequence, stall,
                                           status)
 from tests.support.wait import eventually

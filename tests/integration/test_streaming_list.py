@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from k8s_http.objects import DEPLOYMENTS, ObjectKey
-from k8s_http.watcher import Listing, Streaming, Watching
+from k8s_http.core.objects import DEPLOYMENTS, ObjectKey
+from k8s_http.cache.watchstep import Listing, Streaming, Watching
 from tests.integration.test_informer import (NS, PATH, deployment, is_watch, lists, running,
                                              sample, synced)
 from tests.support.fake_apiserver import (FakeApiServer, call, chunk, http_head, raw, sequence,

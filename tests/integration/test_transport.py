@@ -16,10 +16,10 @@ import traceback
 
 import pytest
 
-from k8s_http import errors
-from k8s_http.config import ClusterConfig, CredentialError, StaticToken, TokenFile
-from k8s_http.metrics import Metrics
-from k8s_http.transport import DEFAULT_USER_AGENT, Transport
+from k8s_http.core import errors
+from k8s_http.config.cluster import ClusterConfig, CredentialError, StaticToken, TokenFile
+from k8s_http.ops.metrics import Metrics
+from k8s_http.wire.transport import DEFAULT_USER_AGENT, Transport
 from tests.support.certs import CLIENT_CN
 from tests.support.clock import FakeClock
 from tests.support.fake_apiserver import (

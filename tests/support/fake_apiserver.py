@@ -23,7 +23,7 @@ Starting one::
 Objects (an in-memory store per collection path; resourceVersions are strings
 from one global counter; every write is recorded in a watch history)::
 
-    from k8s_http.objects import CONFIGMAPS
+    from k8s_http.core.objects import CONFIGMAPS
     server.create_object(CONFIGMAPS.path("default"), {"metadata": {"name": "a"}, "data": {}})
     server.update_object(CONFIGMAPS.path("default"), obj)      # MODIFIED
     server.delete_object(CONFIGMAPS.path("default", "a"))      # DELETED (or finalizers honoured)
@@ -653,7 +653,7 @@ class FakeApiServer:
 
     def config(self, **overrides):
         """A `ClusterConfig` for this server: its URL, the test CA, and its token if set."""
-        from k8s_http.config import ClusterConfig, StaticToken
+        from k8s_http.config.cluster import ClusterConfig, StaticToken
         settings = {"server": self.url, "ca_data": self._ca_pem,
                     "credentials": StaticToken(self.token) if self.token else None}
         settings.update(overrides)

@@ -33,9 +33,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Collection
 
-from k8s_http.errors import (AlreadyExistsError, ApiConnectionError, ConflictError,
-                             NotFoundError)
-from k8s_http.objects import DEPLOYMENTS, EVENTS, SERVICES, ObjectKey, Resource
+from k8s_http.core.errors import (AlreadyExistsError, ApiConnectionError, ConflictError,
+                                  NotFoundError)
+from k8s_http.core.objects import DEPLOYMENTS, EVENTS, SERVICES, ObjectKey, Resource
 
 
 class Call(tuple):

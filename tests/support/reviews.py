@@ -9,7 +9,7 @@ non-resource path /metrics, and nothing else.
 
 from __future__ import annotations
 
-from k8s_http.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
+from k8s_http.core.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
 
 PROMETHEUS = "system:serviceaccount:monitoring:prometheus"
 TOKENS = {"prom-token": PROMETHEUS, "reader-token": PROMETHEUS,

@@ -24,8 +24,8 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http.log import reconcile_context, setup_logging
-from k8s_http.metrics import Metrics, generate_text
+from k8s_http.ops.log import reconcile_context, setup_logging
+from k8s_http.ops.metrics import Metrics, generate_text
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 # What the peer exports and we do not, and why.
@@ -131,7 +131,7 @@ def test_our_reconcile_error_line_has_every_key_of_theirs():
     theirs = {msg: set(keys) for msg, keys in recorded["keys_by_message"].items()}
 
     def emit():
-        log = logging.getLogger("k8s_http.runner")
+        log = logging.getLogger("k8s_http.control.runner")
         with reconcile_context("my", _Key("recorded", "taken"),
                                "0b5c6c1e-1111-4a4a-9999-000000000001", kind="My",
                                group="mine.jp"):

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from k8s_http.metrics import Metrics
+from k8s_http.ops.metrics import Metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RULE = ROOT / "manifests" / "components" / "monitoring" / "alerts" / "prometheusrule.yaml"

@@ -1,7 +1,7 @@
-"""k8s_http.allocator: the glibc calls never raise; memory is released when a burst ends."""
+"""k8s_http.ops.allocator: the glibc calls never raise; memory is released when a burst ends."""
 
-from k8s_http import allocator
-from k8s_http.allocator import TrimAfterBursts
+from k8s_http.ops import allocator
+from k8s_http.ops.allocator import TrimAfterBursts
 from tests.support.clock import FakeClock
 
 

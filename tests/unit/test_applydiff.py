@@ -1,4 +1,4 @@
-"""k8s_http.applydiff: would a server-side apply change the object?
+"""k8s_http.core.applydiff: would a server-side apply change the object?
 
 Plain objects here; tests/unit/test_controller.py runs the same test over the
 Deployment and Service the controller renders, against a fake apiserver's defaults.
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k8s_http import config_hash, needs_apply, port_key, with_config_hash
-from k8s_http.applydiff import covers
+from k8s_http.core.applydiff import covers
 
 DESIRED = {
     "apiVersion": "apps/v1", "kind": "Deployment",

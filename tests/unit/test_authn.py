@@ -2,9 +2,9 @@
 
 import pytest
 
-from k8s_http import errors
-from k8s_http.authn import MetricsAuthorizer, server_tls_context
-from k8s_http.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
+from k8s_http.core import errors
+from k8s_http.ops.authn import MetricsAuthorizer, server_tls_context
+from k8s_http.core.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
 from tests.support.clock import FakeClock
 from tests.support.fake_client import InMemoryApiClient
 

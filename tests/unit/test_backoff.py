@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http.backoff import (Backoff, BucketLimiter, ItemExponentialLimiter, MaxOfLimiter,
-                              TokenBucket, default_controller_rate_limiter)
+from k8s_http.core.backoff import (Backoff, BucketLimiter, ItemExponentialLimiter, MaxOfLimiter,
+                                   TokenBucket, default_controller_rate_limiter)
 from tests.support.clock import FakeClock
 
 

@@ -10,9 +10,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench import fuzz  # noqa: E402
-from k8s_http.configerror import ConfigError  # noqa: E402
-from k8s_http.kubeconfig import read_kubeconfig  # noqa: E402
-from k8s_http.watchproto import ChunkedDecoder, LineDecoder  # noqa: E402
+from k8s_http.config.configerror import ConfigError  # noqa: E402
+from k8s_http.config.kubeconfig import read_kubeconfig  # noqa: E402
+from k8s_http.wire.watchproto import ChunkedDecoder, LineDecoder  # noqa: E402
 
 
 def test_chunked_seeds_are_whole_valid_bodies():

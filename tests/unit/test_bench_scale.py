@@ -301,7 +301,7 @@ def test_a_reused_fleet_is_taken_over_and_its_last_threads_are_made_again():
 
 def test_a_reused_fleet_of_other_services_than_asked_for_is_refused():
     from scaling.fleet import Fleet, FleetMismatch
-    from k8s_http.errors import NotFoundError
+    from k8s_http.core.errors import NotFoundError
 
     class Plane:
         def __init__(self, service):

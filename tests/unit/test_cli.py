@@ -1,4 +1,4 @@
-"""k8s_http.cli: one-line errors, and a failed bind as a flag error."""
+"""k8s_http.ops.cli: one-line errors, and a failed bind as a flag error."""
 
 from __future__ import annotations
 

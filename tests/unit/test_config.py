@@ -24,10 +24,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k8s_http import credentials as credmod
-from k8s_http import tls as tlsmod
+from k8s_http.config import credentials as credmod
+from k8s_http.config import tls as tlsmod
 from k8s_http import with_flag_names
-from k8s_http.config import (
+from k8s_http.config.cluster import (
     ClusterConfig,
     ConfigError,
     CredentialError,

@@ -32,7 +32,7 @@ from my.status import desired_status, is_rollout_pending, status_changed
 from tests.support.clock import FakeClock
 from tests.support.fake_client import InMemoryApiClient, server_defaults
 
-from k8s_http.store import Store
+from k8s_http.cache.store import Store
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KEY = ObjectKey("default", "foobar")
@@ -836,7 +836,7 @@ def test_a_late_deployment_controller_gets_an_early_status_then_one_more(mgr, re
 @pytest.fixture
 def queue_wait():
     """Play the runner: the key being reconciled waited this long in the work queue."""
-    from k8s_http import runner
+    from k8s_http.control import runner
     tokens = []
 
     def set_wait(seconds):

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "k8s_http"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 MY_PACKAGE = ROOT / "my"
-SOURCES = sorted(PACKAGE.glob("*.py")) + sorted(MY_PACKAGE.glob("*.py")) + [ROOT / "controller.py"]
+SOURCES = sorted(PACKAGE.rglob("*.py")) + sorted(MY_PACKAGE.glob("*.py")) + [ROOT / "controller.py"]
 
 # `name`, `name(...)`, `module.name`, `Class.name(...)` in backticks.
 _SYMBOL = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)(\(|`)")
@@ -58,10 +58,14 @@ def missing_symbols(text: str) -> list[str]:
     scopes, everywhere = _defined()
     everywhere |= set(dir(builtins))
     missing = []
-    for in_my, module in re.findall(r"`(my/)?([a-z_]+)\.py`", text):
-        where = [MY_PACKAGE] if in_my else [PACKAGE, ROOT]
-        if not any((d / f"{module}.py").exists() for d in where):
-            missing.append(f"{in_my}{module}.py")
+    # `store.py` (a module of some wing, or of the root), `cache/store.py` (exactly
+    # there in k8s_http), `my/spec.py` (exactly there in the repository)
+    modules = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    modules |= {p.relative_to(ROOT).as_posix() for p in MY_PACKAGE.glob("*.py")}
+    modules |= {p.name for p in PACKAGE.rglob("*.py")} | {p.name for p in ROOT.glob("*.py")}
+    for module in re.findall(r"`([a-z_]+(?:/[a-z_]+)?)\.py`", text):
+        if f"{module}.py" not in modules:
+            missing.append(f"{module}.py")
     for symbol, after in _SYMBOL.findall(text):
         owner, _, name = symbol.rpartition(".")
         if name == "py":
@@ -81,8 +85,9 @@ def test_architecture_names_only_modules_and_functions_that_exist():
 def test_the_check_finds_a_name_that_does_not_exist():
     text = ("`store.py`, `Store.get(key)`, `record_write(...)`, `gone.py`, "
             "`Store.record_write`, `packcode.compile_packer`, `packcode.nothing`, "
-            "`my/spec.py`, `my/store.py`, `render.foreign_entries_patch`, `render.nothing`")
-    assert missing_symbols(text) == ["gone.py", "my/store.py", "record_write",
+            "`my/spec.py`, `my/store.py`, `render.foreign_entries_patch`, `render.nothing`, "
+            "`cache/store.py`, `wire/store.py`")
+    assert missing_symbols(text) == ["gone.py", "my/store.py", "wire/store.py", "record_write",
                                      "Store.record_write", "packcode.nothing", "render.nothing"]
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from k8s_http import errors
-from k8s_http.errors import from_status, is_too_large_resource_version
+from k8s_http.core import errors
+from k8s_http.core.errors import from_status, is_too_large_resource_version
 
 
 def status(code: int, reason: str = "", message: str = "", **extra) -> dict:
@@ -132,7 +132,7 @@ def test_is_too_large_resource_version(err, expected):
 
 
 def test_status_causes_are_read_in_one_place():
-    from k8s_http.errors import from_status, has_status_cause, is_namespace_terminating
+    from k8s_http.core.errors import from_status, has_status_cause, is_namespace_terminating
     body = {"kind": "Status", "reason": "Forbidden", "message": "unable to create new content in "
             "namespace x because it is being terminated",
             "details": {"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]}}

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from k8s_http.connection import (TIMEOUT_SLACK_SECONDS, Deadline, HTTPConnection, _DeadlineReader,
-                                 bound_socket, read_response_head)
-from k8s_http.errors import ProtocolError
-from k8s_http.stream import read_body
+from k8s_http.wire.connection import (TIMEOUT_SLACK_SECONDS, Deadline, HTTPConnection,
+                                      _DeadlineReader, bound_socket, read_response_head)
+from k8s_http.core.errors import ProtocolError
+from k8s_http.wire.stream import read_body
 
 
 class FakeSocket:

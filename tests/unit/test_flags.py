@@ -1,11 +1,11 @@
-"""k8s_http.flags: the standard manager flags, under the application's name."""
+"""k8s_http.ops.flags: the standard manager flags, under the application's name."""
 
 import inspect
 
 import pytest
 
 from k8s_http import Manager, add_manager_flags, manager_options, new_parser
-from k8s_http.flags import parse_bind_address
+from k8s_http.ops.flags import parse_bind_address
 
 
 def _parser(app="demo-operator", **kw):
@@ -65,7 +65,7 @@ def test_the_settings_library_messages_name_are_flags_of_add_manager_flags():
     """with_flag_names renames only what the flags really set: each setting is a
     load_config or Manager argument, and add_manager_flags' flag stores into it."""
     from k8s_http import load_config
-    from k8s_http.flags import SETTING_FLAGS
+    from k8s_http.ops.flags import SETTING_FLAGS
     parser = _parser()
     dests = {a.option_strings[0]: a.dest for a in parser._actions if a.option_strings}
     arguments = (set(inspect.signature(load_config).parameters)
@@ -76,7 +76,7 @@ def test_the_settings_library_messages_name_are_flags_of_add_manager_flags():
 
 def test_a_message_names_the_argument_or_with_flag_names_the_flag():
     from k8s_http import ConfigError, with_flag_names
-    from k8s_http.configerror import setting
+    from k8s_http.config.configerror import setting
     err = ConfigError(setting("metrics_cert_dir"), f"needs {setting('metrics_secure')}",
                       f"set {setting('metrics_secure')} or {setting('other')}")
     assert str(err) == ("metrics_cert_dir=: needs metrics_secure=; set metrics_secure= or "

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from k8s_http import watcher
-from k8s_http.client import WatchStream
-from k8s_http.configerror import ConfigError
-from k8s_http.errors import ServerError, from_status, has_status_cause, is_namespace_terminating
-from k8s_http.kubeconfig import read_kubeconfig
+from k8s_http.cache import watchstep
+from k8s_http.wire.client import WatchStream
+from k8s_http.config.configerror import ConfigError
+from k8s_http.core.errors import ServerError, from_status, has_status_cause, is_namespace_terminating
+from k8s_http.config.kubeconfig import read_kubeconfig
 
 # YAML that parses, but whose plain scalars libyaml's resolver types as a date or an
 # int that Python cannot build: PyYAML raises ValueError there, not a YAMLError.
@@ -65,7 +65,7 @@ def test_an_error_event_whose_causes_are_not_a_list_is_a_failure(causes):
             f'"details":{{"causes":{causes}}}}}}}\n').encode()
     with pytest.raises(ServerError) as e:
         list(WatchStream(_Payload(line), clock=lambda: 0.0))
-    assert watcher.failure(e.value).reason == "error"
+    assert watchstep.failure(e.value).reason == "error"
     assert not is_namespace_terminating(e.value)
 
 

@@ -1,4 +1,4 @@
-"""k8s_http.gctuning: the collector while the caches fill, and frozen once they have."""
+"""k8s_http.ops.gctuning: the collector while the caches fill, and frozen once they have."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from k8s_http.gctuning import CacheFill
+from k8s_http.ops.gctuning import CacheFill
 
 
 @pytest.fixture(autouse=True)

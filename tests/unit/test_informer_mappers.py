@@ -2,10 +2,10 @@
 
 import pytest
 
-from k8s_http.informer import Informer, KeyMapper, own_key, owner_key
-from k8s_http.objects import DEPLOYMENTS, ObjectKey
-from k8s_http.projection import Projection
-from k8s_http.store import Store
+from k8s_http.cache.informer import Informer, KeyMapper, own_key, owner_key
+from k8s_http.core.objects import DEPLOYMENTS, ObjectKey
+from k8s_http.cache.projection import Projection
+from k8s_http.cache.store import Store
 
 
 def child(ns="ns", owner=None):
@@ -231,7 +231,7 @@ def test_a_write_without_a_writer_or_a_later_version_tells_every_handler():
 
 
 def test_a_relist_hands_a_work_queue_all_its_keys_in_one_add_many():
-    from k8s_http.workqueue import WorkQueue
+    from k8s_http.control.workqueue import WorkQueue
 
     class CountingQueue(WorkQueue):
         def __init__(self):
@@ -272,7 +272,7 @@ def test_a_relist_hands_a_work_queue_all_its_keys_in_one_add_many():
 
 
 def test_a_relist_for_own_key_handlers_builds_only_the_keys():
-    from k8s_http.workqueue import WorkQueue
+    from k8s_http.control.workqueue import WorkQueue
     inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"],
                    store=Store(transform=Projection(["metadata.name", "spec"])))
     one, two = WorkQueue("one"), WorkQueue("two")

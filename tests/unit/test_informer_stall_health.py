@@ -19,14 +19,14 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from k8s_http.backoff import Backoff
-from k8s_http.errors import (ApiConnectionError, ApiTimeoutError, ForbiddenError,
-                             ServerError)
-from k8s_http.informer import Informer, own_key
-from k8s_http.metrics import Metrics
-from k8s_http.objects import DEPLOYMENTS
-from k8s_http.watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY
-from k8s_http.watchproto import WatchEvent
+from k8s_http.core.backoff import Backoff
+from k8s_http.core.errors import (ApiConnectionError, ApiTimeoutError, ForbiddenError, ServerError)
+from k8s_http.cache.informer import Informer, own_key
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import DEPLOYMENTS
+from k8s_http.cache.watchstep import STALLS_UNHEALTHY
+from k8s_http.wire.defaults import WATCH_STALL_TIMEOUT_SECONDS
+from k8s_http.wire.watchproto import WatchEvent
 from tests.support.clock import FakeClock
 from tests.support.fake_client import InMemoryApiClient, ScriptedWatchStream
 from tests.support.wait import eventually
@@ -92,7 +92,7 @@ def fleet():
 def stalled(clock):
     """200 and headers, then nothing: the stream gives up after the stall timeout."""
     return ScriptedWatchStream([ApiTimeoutError("no complete event for 90s")], clock=clock,
-                               silent_for=STALL_TIMEOUT_SECONDS)
+                               silent_for=WATCH_STALL_TIMEOUT_SECONDS)
 
 
 def dropped_after(clock, *events):
@@ -146,7 +146,7 @@ def test_an_apiserver_that_refuses_or_fails_never_fails_liveness(fleet):
     ]
     for _ in range(10):
         for outcome in outcomes:
-            clock.advance(STALL_TIMEOUT_SECONDS)  # far longer than three stall periods in all
+            clock.advance(WATCH_STALL_TIMEOUT_SECONDS)  # far longer than three stall periods in all
             give(outcome)
             assert health() == (True, "ok")
     assert gauge() == 0

@@ -11,12 +11,12 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http import errors
-from k8s_http.leader import (LeaderElector, LeaderRecord, Observation, acquire_record,
-                             can_acquire, is_expired, is_leading, jittered, micro_time, observe,
-                             release_record)
-from k8s_http.metrics import Metrics
-from k8s_http.objects import LEASES, ObjectKey
+from k8s_http.core import errors
+from k8s_http.control.leader import (LeaderElector, LeaderRecord, Observation, acquire_record,
+                                     can_acquire, is_expired, is_leading, jittered, micro_time,
+                                     observe, release_record)
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import LEASES, ObjectKey
 from tests.support.clock import FakeClock, FakeStopEvent
 from tests.support.fake_client import InMemoryApiClient
 
@@ -287,7 +287,7 @@ def test_handing_the_lease_back_is_info_but_losing_it_is_a_warning(caplog):
     client, clock = lease_client(), FakeClock()
     e = elector(client, clock)
     assert e.try_acquire_or_renew()
-    with caplog.at_level(logging.DEBUG, logger="k8s_http.leader"):
+    with caplog.at_level(logging.DEBUG, logger="k8s_http.control.leader"):
         assert e.release()
     assert [r.levelno for r in caplog.records] == [logging.INFO, logging.INFO]
     caplog.clear()
@@ -295,7 +295,7 @@ def test_handing_the_lease_back_is_info_but_losing_it_is_a_warning(caplog):
     assert other.try_acquire_or_renew()
     set_holder(client, "third")
     clock.now += 2
-    with caplog.at_level(logging.DEBUG, logger="k8s_http.leader"):
+    with caplog.at_level(logging.DEBUG, logger="k8s_http.control.leader"):
         assert not other.try_acquire_or_renew()
         clock.now += 20
         assert not other.try_acquire_or_renew()

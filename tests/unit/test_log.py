@@ -1,4 +1,4 @@
-"""k8s_http.log: line shape, reconcile context, redaction, and never crashing on odd input."""
+"""k8s_http.ops.log: line shape, reconcile context, redaction, and never crashing on odd input."""
 
 import io
 import json
@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from k8s_http import log as klog
-from k8s_http.log import (parse_level, reconcile_context, redact, setup_logging,
-                          current_context)
+from k8s_http.ops import log as klog
+from k8s_http.ops.log import (parse_level, reconcile_context, redact, setup_logging,
+                              current_context)
 
 # A realistic-looking (but fake) service-account token.
 JWT = ("eyJhbGciOiJSUzI1NiIsImtpZCI6ImFiYyJ9."
@@ -82,7 +82,7 @@ def test_zap_level_names(json_log, level, name):
 
 def test_caller_is_package_and_file_for_module_loggers(json_log):
     _, lines = json_log
-    logging.getLogger("k8s_http.runner").info("a logger named after another module")
+    logging.getLogger("k8s_http.control.runner").info("a logger named after another module")
     logging.getLogger("tests.unit.test_log").info("a logger named after this module")
     other, own = lines()
     assert other["caller"].startswith("test_log.py:")
@@ -134,7 +134,7 @@ def test_context_fields_inside_and_not_outside(json_log):
 
 
 def test_context_has_controller_runtimes_keys_in_its_order(json_log):
-    from k8s_http.objects import ObjectKey
+    from k8s_http.core.objects import ObjectKey
 
     logger, lines = json_log
     with reconcile_context("my", ObjectKey("default", "foobar"), "rid", kind="My",

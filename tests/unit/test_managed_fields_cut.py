@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http.watchproto import LineDecoder, WatchDecodeError, cut_managed_fields
+from k8s_http.wire.watchproto import LineDecoder, WatchDecodeError, cut_managed_fields
 
 APPLY = {"manager": "my-controller", "operation": "Apply", "apiVersion": "apps/v1",
          "time": "2026-12-02T10:00:00Z", "fieldsType": "FieldsV1",

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry
 
 import controller
 from k8s_http import parse_quantity
-from k8s_http.metrics import Metrics
-from k8s_http.names import ENV_VAR_NAME
+from k8s_http.core.names import ENV_VAR_NAME
+from k8s_http.ops.metrics import Metrics
 from my.spec import (CONTAINER_SECURITY_FIELDS, DEFAULT_PORT, DEFAULT_REPLICAS, DEFAULT_SERVICE_TYPE,
                      MAX_ENV, MAX_IMAGE_CHARS, MAX_REPLICAS, MY, POD_SECURITY_FIELDS, SERVICE_TYPES,
                      validate_my)

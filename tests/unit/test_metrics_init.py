@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from k8s_http import CONFIGMAPS, DEPLOYMENTS, SERVICES, ClusterConfig, Manager
-from k8s_http.metrics import Metrics, build_info_name
+from k8s_http.ops.metrics import Metrics, build_info_name
 
 
 @pytest.fixture

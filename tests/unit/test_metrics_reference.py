@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from k8s_http.metrics import DECODE_ERROR_KINDS, Metrics, generate_text, go_float
+from k8s_http.ops.metrics import DECODE_ERROR_KINDS, Metrics, generate_text, go_float
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -231,7 +231,7 @@ def test_openmetrics_exposition_writes_bucket_bounds_as_go():
 
 
 def test_the_metrics_endpoint_serves_the_go_text_format():
-    from k8s_http import probes
+    from k8s_http.ops import probes
     assert probes.generate_text is generate_text
     source = pathlib.Path(probes.__file__).read_text()
     assert "encoder = generate_text" in source
@@ -246,8 +246,9 @@ def test_workqueue_depth_priority_is_controller_runtimes_zero():
 def test_every_decode_error_kind_the_code_uses_is_pre_set():
     # Kinds come from the decoder (_fail("kind", ...)), the watcher's step (Skip("kind"))
     # and the watcher's own labels ("framing" default, "skipped").
-    sources = (ROOT / "k8s_http" / "watchproto.py").read_text() + \
-        (ROOT / "k8s_http" / "watcher.py").read_text()
+    sources = (ROOT / "k8s_http" / "wire" / "watchproto.py").read_text() + \
+        (ROOT / "k8s_http" / "cache" / "watcher.py").read_text() + \
+        (ROOT / "k8s_http" / "cache" / "watchstep.py").read_text()
     used = set(re.findall(r'_fail\("(\w+)"', sources)) | set(re.findall(r'Skip\("(\w+)"', sources))
     used |= set(re.findall(r'watch_decode_errors_total\.labels\([^)]*"(\w+)"\)', sources))
     used |= set(re.findall(r'or "(\w+)"\n\s+self\._metrics\.watch_decode_errors_total', sources))

@@ -1,4 +1,4 @@
-"""k8s_http.names: the apiserver's name rules, checked before a request would be refused."""
+"""k8s_http.core.names: the apiserver's name rules, checked before a request would be refused."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""k8s_http.objects: metadata helpers and ownerReferences on plain-dict objects."""
+"""k8s_http.core.objects: metadata helpers and ownerReferences on plain-dict objects."""
 
 import pytest
 

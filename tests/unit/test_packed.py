@@ -5,8 +5,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http import packed
-from k8s_http.packed import leaf, pack, unpack
+from k8s_http.cache import packed
+from k8s_http.cache.packed import leaf, pack, unpack
 
 json_leaves = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 json_values = st.recursive(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from k8s_http import pod_problem
-from k8s_http.podstatus import MAX_PROBLEM_CHARS
+from k8s_http.control.podstatus import MAX_PROBLEM_CHARS
 
 
 def pod(name, *, created="2026-12-03T10:00:00Z", containers=(), init=(), conditions=(),

@@ -1,4 +1,4 @@
-"""k8s_http.projection: what a cache keeps, strings stored once, the guard for tests."""
+"""k8s_http.cache.projection: what a cache keeps, strings stored once, the guard for tests."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k8s_http import DroppedFieldRead, Projection
-from k8s_http import packcode
-from k8s_http.packed import unpack
-from k8s_http.projection import Interner
-from k8s_http.store import Store
+from k8s_http.cache import packcode
+from k8s_http.cache.packed import unpack
+from k8s_http.cache.projection import Interner
+from k8s_http.cache.store import Store
 
 
 def deployment(name="web", rv="7", image="registry.example/app:1.2"):
@@ -170,7 +170,7 @@ def test_the_store_projects_lists_events_and_our_own_write_answers():
 
 
 def test_a_projection_interns_through_the_tables_setdefault_and_keeps_the_bound():
-    from k8s_http.projection import Interner, Projection
+    from k8s_http.cache.projection import Interner, Projection
     interner = Interner(max_entries=100)
     keep = Projection(["metadata.name", "metadata.labels"], interner=interner)
     first = keep({"metadata": {"name": "a" * 3, "labels": {"k": "v"}}})
@@ -195,14 +195,14 @@ def _odd_shapes():
                                  {"metadata": {"name": "bare"}}, {}],
                          ids=["deployment", "another", "odd-shapes", "bare", "empty"])
 def test_packing_projects_exactly_as_the_projection_does(obj):
-    from k8s_http.packed import unpack
+    from k8s_http.cache.packed import unpack
     packed = PROJECTION.pack(copy.deepcopy(obj))
     assert unpack(packed) == PROJECTION(copy.deepcopy(obj))
     assert list(unpack(packed)) == list(PROJECTION(copy.deepcopy(obj)))   # key order
 
 
 def test_packed_leaves_are_interned_like_the_projections():
-    from k8s_http.packed import unpack
+    from k8s_http.cache.packed import unpack
     a = unpack(PROJECTION.pack(deployment("one", image="".join(["img", ":1"]))))
     b = unpack(PROJECTION.pack(deployment("two", image="".join(["img", ":1"]))))
     image = lambda o: o["spec"]["template"]["spec"]["containers"][0]["image"]  # noqa: E731
@@ -220,7 +220,7 @@ def test_the_stores_identity_fields_are_kept_even_when_not_declared():
 @pytest.mark.parametrize("rv", ["12", "0", "987654321012345678", "007", "1" * 19, "12a", "",
                                 "\u0661\u0662", "-3"])
 def test_a_distinct_string_of_digits_is_packed_as_an_int_and_read_back_as_the_string(rv):
-    from k8s_http.packed import leaf, unpack
+    from k8s_http.cache.packed import leaf, unpack
     packed = PROJECTION.pack(deployment(rv=rv))
     got = unpack(packed)["metadata"]["resourceVersion"]
     assert got == rv and got.__class__ is str
@@ -257,7 +257,7 @@ def test_a_repeated_string_is_shared_from_its_second_sighting_only():
 
 
 def test_integers_are_stored_once_too():
-    from k8s_http.packed import unpack
+    from k8s_http.cache.packed import unpack
     interner = Interner()
     projection = Projection(["metadata.name", "spec.replicas"], interner=interner)
     a = projection.pack({"metadata": {"name": "a"}, "spec": {"replicas": int("70000")}})
@@ -278,7 +278,7 @@ def test_a_distinct_string_is_never_shared_even_when_seen_again():
     assert "9fc3" not in interner._table
 
 
-# ---- the compiled packing walk (k8s_http.packcode) against the generic one
+# ---- the compiled packing walk (k8s_http.cache.packcode) against the generic one
 
 def _walked(projection: Projection, obj: dict) -> tuple[list, list]:
     leaves: list = []
@@ -325,7 +325,7 @@ def _same_compact_same_shape(projection: Projection, objs: list) -> None:
     """The compiled walk appends the generic walk's leaves; objects whose compact
     signatures are equal have equal generic signatures (so may share a layout);
     and each object packs to its projection, in layouts shared as they come."""
-    from k8s_http.packed import unpack
+    from k8s_http.cache.packed import unpack
     generic_of: dict = {}
     for obj in objs:
         leaves, compact = _compiled(projection, obj)
@@ -390,8 +390,8 @@ def test_the_compact_signature_of_a_deployment_is_short():
 
 
 def test_a_declaration_too_deep_to_compile_is_packed_by_the_generic_walk():
-    from k8s_http import packcode
-    from k8s_http.packed import unpack
+    from k8s_http.cache import packcode
+    from k8s_http.cache.packed import unpack
     deep = ".".join(f"k{i}" for i in range(packcode.MAX_DEPTH + 3))
     projection = Projection([deep], interner=Interner())
     assert projection._packer is None
@@ -402,12 +402,12 @@ def test_a_declaration_too_deep_to_compile_is_packed_by_the_generic_walk():
     assert unpack(projection.pack(obj)) == projection(obj)
 
 
-# ---- the one code generator (k8s_http.packcode): readable, and never fed the data
+# ---- the one code generator (k8s_http.cache.packcode): readable, and never fed the data
 
 
 def test_generated_source_is_registered_and_shows_in_a_traceback():
     import traceback
-    from k8s_http.packed import pack
+    from k8s_http.cache.packed import pack
     p = Projection(["metadata.name", "spec.replicas"], interner=Interner())
     text = packcode.generated_source(p._packer)
     assert text.startswith("def make(") and "def pack(value" in text
@@ -426,7 +426,7 @@ def test_generated_source_is_registered_and_shows_in_a_traceback():
 
 def test_registered_sources_are_bounded(monkeypatch):
     import linecache
-    from k8s_http.packed import pack
+    from k8s_http.cache.packed import pack
     monkeypatch.setattr(packcode, "MAX_REGISTERED", 3)
     made = [pack({f"k{i}": {"x": i}})[0].build for i in range(6)]
     kept = [f for f in (m.__code__.co_filename for m in made) if f in linecache.cache]
@@ -440,7 +440,7 @@ def test_no_generated_source_holds_anything_from_the_objects(monkeypatch):
     whatever the objects and the declaration hold. The only exec in the package
     is the generator's own."""
     import re
-    from k8s_http.packed import pack, unpack
+    from k8s_http.cache.packed import pack, unpack
     sources = []
     real = packcode._compile
     monkeypatch.setattr(packcode, "_compile",
@@ -457,8 +457,8 @@ def test_no_generated_source_holds_anything_from_the_objects(monkeypatch):
     for text in sources:
         assert hostile not in text and "os" not in re.findall(r"[A-Za-z_]+", text)
         assert not re.search(r"['\"]", text), text           # no string literal at all
-    package = pathlib.Path(packcode.__file__).parent
-    callers = sorted(f.name for f in package.glob("*.py")
+    package = pathlib.Path(packcode.__file__).parents[1]       # k8s_http, every wing
+    callers = sorted(f.name for f in package.rglob("*.py")
                      if re.search(r"\b(exec|eval)\(", f.read_text()))
     assert callers == ["packcode.py"]
 

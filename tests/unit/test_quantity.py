@@ -1,4 +1,4 @@
-"""k8s_http.quantity: Kubernetes quantities compared by exact value."""
+"""k8s_http.core.quantity: Kubernetes quantities compared by exact value."""
 
 from fractions import Fraction
 

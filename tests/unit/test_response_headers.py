@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from k8s_http.connection import MAX_HEADERS, Headers, read_headers
+from k8s_http.wire.connection import MAX_HEADERS, Headers, read_headers
 
 
 def parse(block: bytes) -> Headers:

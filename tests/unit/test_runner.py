@@ -14,11 +14,11 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http.backoff import ItemExponentialLimiter
-from k8s_http.errors import ConflictError
-from k8s_http.metrics import Metrics
-from k8s_http.runner import Result, Runner, TerminalError
-from k8s_http.workqueue import WorkQueue
+from k8s_http.core.backoff import ItemExponentialLimiter
+from k8s_http.core.errors import ConflictError
+from k8s_http.ops.metrics import Metrics
+from k8s_http.control.runner import Result, Runner, TerminalError
+from k8s_http.control.workqueue import WorkQueue
 from tests.support.clock import FakeClock
 
 WAIT = 10.0     # seconds: only ever reached when a test is about to fail
@@ -181,7 +181,7 @@ def test_a_failing_key_is_retried_with_backoff_while_others_flow(h, caplog):
     runner.queue.add("bad")
     for i in range(20):
         runner.queue.add(f"good{i}")
-    with caplog.at_level(logging.ERROR, logger="k8s_http.runner"):
+    with caplog.at_level(logging.ERROR, logger="k8s_http.control.runner"):
         runner.start()
         for i in range(20):
             reconcile.wait_for(f"good{i}")
@@ -223,7 +223,7 @@ def test_terminal_error_is_counted_and_not_retried(h, caplog):
     runner = h.make(reconcile)
     runner.queue.rate_limiter.when("a", now=0)
     runner.queue.add("a")
-    with caplog.at_level(logging.ERROR, logger="k8s_http.runner"):
+    with caplog.at_level(logging.ERROR, logger="k8s_http.control.runner"):
         runner.start()
         reconcile.wait_for("a")
         idle(runner)
@@ -245,7 +245,7 @@ def test_a_quiet_terminal_error_is_counted_alike_but_logged_at_debug_only(h, cap
     reconcile = Reconciler(behaviour)
     runner = h.make(reconcile)
     runner.queue.add("a")
-    with caplog.at_level(logging.DEBUG, logger="k8s_http.runner"):
+    with caplog.at_level(logging.DEBUG, logger="k8s_http.control.runner"):
         runner.start()
         reconcile.wait_for("a")
         idle(runner)
@@ -520,7 +520,7 @@ def test_a_key_taken_just_before_the_gate_closed_is_put_back(h):
 
 
 def test_a_reconcile_knows_its_queue_and_key():
-    from k8s_http.runner import current_work
+    from k8s_http.control.runner import current_work
     queue = WorkQueue("work")
     seen = []
     runner = Runner("work", queue, lambda key: seen.append(current_work()), workers=1)
@@ -530,7 +530,7 @@ def test_a_reconcile_knows_its_queue_and_key():
 
 
 def test_a_reconcile_knows_how_long_its_key_waited_and_can_ask_for_priority():
-    from k8s_http.runner import queued_seconds
+    from k8s_http.control.runner import queued_seconds
     from tests.support.clock import FakeClock
     clock = FakeClock(0.0)
     queue = WorkQueue("prio", clock=clock)

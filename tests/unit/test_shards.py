@@ -1,4 +1,4 @@
-"""k8s_http.shards: the hash the apiserver computes, the ranges, the slot map.
+"""k8s_http.core.shards: the hash the apiserver computes, the ranges, the slot map.
 
 What the real apiserver does with the selectors is tests/e2e/test_shard_selector.py;
 here, the pure rules, with hypothesis where a rule is a property.
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http.shards import (
+from k8s_http.core.shards import (
     HASH_SPACE, NAMESPACE, SLOTS, Ranges, assign, fnv1a_64, is_server_filtered, keeps,
     object_hash, ranges_of, ranges_of_slots, slot_label_selector, slot_label_value, slot_of,
     slot_of_hash, slot_span, slots_of)

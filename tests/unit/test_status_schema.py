@@ -16,7 +16,7 @@ import re
 import pytest
 import yaml
 
-from k8s_http.objects import set_condition
+from k8s_http.core.objects import set_condition
 from my.status import APPLY_FAILED, CONFLICT, INVALID_SPEC, desired_status
 
 CRD = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "manifests" / "base" /

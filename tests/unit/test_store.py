@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http.objects import ObjectKey
-from k8s_http.store import Store, index_owner_uid
+from k8s_http.core.objects import ObjectKey
+from k8s_http.cache.store import Store, index_owner_uid
 
 OWNER_INDEX = {"owner_uid": index_owner_uid}
 
@@ -519,7 +519,7 @@ def test_some_fields_can_be_built_alone():
 
 def test_an_upserted_object_is_filed_under_its_own_interned_name():
     from k8s_http import Projection
-    from k8s_http.projection import Interner
+    from k8s_http.cache.projection import Interner
     interner = Interner()
     store = Store(transform=Projection(["metadata.name", "metadata.namespace"],
                                        interner=interner))

@@ -5,7 +5,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from k8s_http.metrics import TalliedCounter
+from k8s_http.ops.metrics import TalliedCounter
 
 
 def family(registry=None):

@@ -15,12 +15,12 @@ import tracemalloc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http.client import WatchStream
-from k8s_http.errors import ApiConnectionError
-from k8s_http.metrics import Metrics
-from k8s_http.objects import DEPLOYMENTS
-from k8s_http.watcher import Watcher
-from k8s_http.watchproto import ChunkedDecoder, ChunkedFramingError, LineDecoder, WatchDecodeError
+from k8s_http.wire.client import WatchStream
+from k8s_http.core.errors import ApiConnectionError
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import DEPLOYMENTS
+from k8s_http.cache.watcher import Watcher
+from k8s_http.wire.watchproto import ChunkedDecoder, ChunkedFramingError, LineDecoder, WatchDecodeError
 from tests.support.clock import FakeStopEvent
 from tests.support.fake_client import InMemoryApiClient
 

@@ -6,12 +6,14 @@ the client stops the loop when its script runs out.
 
 from prometheus_client import CollectorRegistry
 
-from k8s_http.errors import (ApiConnectionError, ForbiddenError, GoneError, InvalidError,
-                             ProtocolError)
-from k8s_http.metrics import Metrics
-from k8s_http.objects import DEPLOYMENTS
-from k8s_http.watcher import StoreList, Watcher, Watching
-from k8s_http.watchproto import WatchEvent
+from k8s_http.core.errors import (ApiConnectionError, ForbiddenError, GoneError, InvalidError,
+                                  ProtocolError)
+from k8s_http.ops.metrics import Metrics
+from k8s_http.core.objects import DEPLOYMENTS
+from k8s_http.cache.store import StoreList
+from k8s_http.cache.watcher import Watcher
+from k8s_http.cache.watchstep import Watching
+from k8s_http.wire.watchproto import WatchEvent
 from tests.support.clock import FakeStopEvent
 from tests.support.fake_client import InMemoryApiClient, ScriptedWatchStream
 
@@ -251,7 +253,7 @@ def test_a_drop_during_the_initial_stream_streams_again_from_scratch():
 
 
 def test_collected_objects_go_into_the_stores_listing_one_by_one():
-    from k8s_http.store import StoreList, Store
+    from k8s_http.cache.store import StoreList, Store
     stop = FakeStopEvent()
     client = scripted_client(stop, [("watch", [WatchEvent("ADDED", dict(obj("a", "3"), junk="x" * 100)),
                                           end_bookmark("10")])])
@@ -310,9 +312,9 @@ def test_an_apiserver_that_ignores_the_parameters_is_detected_by_its_plain_bookm
 
 
 def test_watches_skip_managed_fields_exactly_when_the_informers_store_drops_them():
-    from k8s_http.informer import Informer
-    from k8s_http.projection import Projection
-    from k8s_http.store import Store
+    from k8s_http.cache.informer import Informer
+    from k8s_http.cache.projection import Projection
+    from k8s_http.cache.store import Store
     for transform, skipped in (("default", True), (Projection(["spec"]), True),
                                (Projection(["metadata"]), False), (None, False),
                                (lambda o: o, False)):

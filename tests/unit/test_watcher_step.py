@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http.errors import (ApiConnectionError, ApiTimeoutError, ForbiddenError, GoneError,
-                             InvalidError, ProtocolError, ServerError, TooManyRequestsError,
-                             from_status)
-from k8s_http.metrics import WATCH_RESTART_REASONS
-from k8s_http.watcher import (INITIAL, INITIAL_STREAMING, Closed, Collect, Deliver, Event, Failed,
-                              FallBack, List, ListError, Listed, Listing, Progress, Replace,
-                              ReplaceCollected, Restart, Skip, Sleep, StreamList, Streaming,
-                              Watch, Watching, failure, resume, step)
+from k8s_http.core.errors import (ApiConnectionError, ApiTimeoutError, ForbiddenError, GoneError,
+                                  InvalidError, ProtocolError, ServerError, TooManyRequestsError,
+                                  from_status)
+from k8s_http.ops.metrics import WATCH_RESTART_REASONS
+from k8s_http.cache.watchstep import (INITIAL, INITIAL_STREAMING, Closed, Collect, Deliver, Event,
+                                      Failed, FallBack, List, ListError, Listed, Listing, Progress,
+                                      Replace, ReplaceCollected, Restart, Skip, Sleep, StreamList,
+                                      Streaming, Watch, Watching, failure, resume, step)
 
 GONE = GoneError(410, "too old resource version: 5 (10)", reason="Expired")
 TOO_LARGE = from_status(504, {"kind": "Status", "code": 504, "reason": "Timeout",

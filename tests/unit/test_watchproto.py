@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k8s_http.errors import ProtocolError
-from k8s_http.watchproto import (
+from k8s_http.core.errors import ProtocolError
+from k8s_http.wire.watchproto import (
     ChunkedDecoder,
     ChunkedFramingError,
     LineDecoder,

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from k8s_http.backoff import ItemExponentialLimiter, MaxOfLimiter, BucketLimiter
-from k8s_http.metrics import Metrics
-from k8s_http.workqueue import WorkQueue
+from k8s_http.core.backoff import ItemExponentialLimiter, MaxOfLimiter, BucketLimiter
+from k8s_http.ops.metrics import Metrics
+from k8s_http.control.workqueue import WorkQueue
 from tests.support.clock import FakeClock
 
 

@@ -27,9 +27,9 @@ import math
 import re
 import sys
 
-from .configerror import ConfigError
+from ..core.names import is_dns1123_label, is_dns1123_subdomain
+from ..config.configerror import ConfigError
 from .log import LEVEL_NAMES, LOG_FORMATS
-from .names import is_dns1123_label, is_dns1123_subdomain
 
 __all__ = [
     "new_parser",

@@ -46,8 +46,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Hashable
 
-from .log import new_reconcile_id
-from .metrics import Metrics
+from ..ops.log import new_reconcile_id
+from ..ops.metrics import Metrics
 from .workqueue import WorkQueue
 
 __all__ = ["Result", "TerminalError", "Runner", "PANIC_TYPES", "is_panic", "queued_seconds",

@@ -32,8 +32,8 @@ import json
 import re
 from typing import Iterator, NamedTuple
 
+from ..core.errors import ProtocolError
 from .defaults import MAX_WATCH_LINE_BYTES
-from .errors import ProtocolError
 
 __all__ = [
     "ChunkedDecoder",

@@ -40,23 +40,23 @@ from typing import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
-from .allocator import TrimAfterBursts, limit_arenas
-from .authn import MetricsAuthorizer, self_signed_cert, server_tls_context
-from .client import ApiClient
-from .config import ClusterConfig, ConfigError
-from .configerror import setting
+from ..core.objects import ObjectKey, Resource, strip_managed_fields
+from ..config.cluster import ClusterConfig, ConfigError
+from ..config.configerror import setting
+from ..ops.allocator import TrimAfterBursts, limit_arenas
+from ..ops.authn import MetricsAuthorizer, self_signed_cert, server_tls_context
+from ..ops.gctuning import CacheFill
+from ..ops.log import reconcile_context
+from ..ops.metrics import Metrics
+from ..ops.probes import HealthChecks, ProbeServer
+from ..wire.client import ApiClient
+from ..wire.transport import user_agent
+from ..cache.informer import Informer, own_key, owner_key
+from ..cache.store import Store
 from .deletionwatch import DeletionWatches
 from .events import EventRecorder
-from .gctuning import CacheFill
-from .informer import Informer, own_key, owner_key
 from .leader import LeaderElector
-from .log import reconcile_context
-from .metrics import Metrics
-from .objects import ObjectKey, Resource, strip_managed_fields
-from .probes import HealthChecks, ProbeServer
 from .runner import Result, Runner
-from .store import Store
-from .transport import user_agent
 from .workqueue import WorkQueue
 
 __all__ = ["Manager"]

@@ -8,7 +8,7 @@ rest of the path applies to each of its items ("spec.ports[].port"). "*"
 stands for every key of a map ("metadata.labels.*" is the same as
 "metadata.labels"). The last segment keeps its whole value. A projected map
 has its declared keys in declaration order (the packing walk reads them so,
-see k8s_http.packcode); a map under "*" and a value kept whole keep the
+see k8s_http.cache.packcode); a map under "*" and a value kept whole keep the
 object's order.
 
 Invariants the Store relies on:
@@ -236,7 +236,7 @@ class Projection:
                               repeated)
         self._interner = interner
         self._list_nodes = _list_nodes(self._tree, keep + distinct + repeated)
-        # The packing walk compiled for this declaration (k8s_http.packcode); None
+        # The packing walk compiled for this declaration (k8s_http.cache.packcode); None
         # when too deep to compile, and then `_pack_node` walks the tree itself.
         self._packer = compile_packer(
             self._tree, self._list_nodes,
@@ -268,7 +268,7 @@ class Projection:
         return self._node(obj, self._tree, self._bound_intern())
 
     def pack(self, obj: dict) -> tuple:
-        """The projection of `obj` in packed form (k8s_http.packed), made in one walk:
+        """The projection of `obj` in packed form (k8s_http.cache.packed), made in one walk:
         `unpack(self.pack(obj)) == self(obj)`, without building the projected dicts.
         By the walk compiled for the declaration, or the generic one when the
         declaration is too deep to compile."""

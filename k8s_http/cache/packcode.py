@@ -3,7 +3,7 @@ shape, compiled, and registered in linecache under a readable name.
 
 Two kinds of function are written here: a projection's packing walk
 (`compile_packer`, below) and a packed layout's builders (`compile_builder`,
-`compile_fields_builder`: k8s_http.packed). Each one's source is registered
+`compile_fields_builder`: k8s_http.cache.packed). Each one's source is registered
 in linecache as "<k8s_http generated N: kind>" (`_compile`), so a traceback
 through it shows the line, and `generated_source(function)` prints it. Nothing
 derived from an apiserver's data is ever part of a source: keys, key tuples,
@@ -14,7 +14,7 @@ A projection's packing walk, with a compact signature:
 
 `Projection._pack_node`, the generic walk, visits an object against the
 declaration's tree and appends, besides the kept leaves, a signature token for
-every key and every leaf (k8s_http.packed): ~160 appends per Deployment. The
+every key and every leaf (k8s_http.cache.packed): ~160 appends per Deployment. The
 tree is fixed when the projection is made, so most of that is known in advance:
 `compile_packer(tree, ...)` writes the walk for one declaration as Python source
 and compiles it. The compiled walk
@@ -62,7 +62,7 @@ from collections.abc import Callable
 __all__ = ["compile_packer", "compile_builder", "compile_fields_builder", "generated_source",
            "MAX_DEPTH", "PlaceToken", "DIGITS_SHAPE"]
 
-# The shape of a packed DIGITS leaf (k8s_http.packed): built as str(the stored int).
+# The shape of a packed DIGITS leaf (k8s_http.cache.packed): built as str(the stored int).
 DIGITS_SHAPE = "digits"
 
 # Sources kept in linecache: the newest this many (a layout table that starts

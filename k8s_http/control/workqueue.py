@@ -42,8 +42,8 @@ import weakref
 from collections import deque
 from typing import Callable, Hashable, Iterable
 
-from .backoff import RateLimiter, default_controller_rate_limiter
-from .metrics import Metrics
+from ..core.backoff import RateLimiter, default_controller_rate_limiter
+from ..ops.metrics import Metrics
 
 __all__ = ["ShutDownError", "WorkQueue"]
 

@@ -15,10 +15,10 @@ import logging
 import time
 from collections.abc import Callable, Iterator, MutableSequence
 
-from .config import ClusterConfig
+from ..core.errors import ApiConnectionError, ApiTimeoutError, GoneError, ProtocolError, from_status
+from ..core.objects import Resource
+from ..config.cluster import ClusterConfig
 from .defaults import MAX_WATCH_LINE_BYTES, WATCH_STALL_TIMEOUT_SECONDS
-from .errors import ApiConnectionError, ApiTimeoutError, GoneError, ProtocolError, from_status
-from .objects import Resource
 from .transport import Stream, Transport
 from .watchproto import LineDecoder, WatchEvent
 
@@ -146,7 +146,7 @@ class ApiClient:
         ADDED events, then a BOOKMARK annotated `k8s.io/initial-events-end:
         "true"`, then carries on as a watch. It needs bookmarks, so they are
         requested whatever `allow_bookmarks` says. An apiserver without the
-        feature refuses it (422) or ignores it (see watcher.py).
+        feature refuses it (422) or ignores it (see watchstep.py).
 
         `skip_managed_fields`: the objects come without
         metadata.managedFields, which are then never decoded

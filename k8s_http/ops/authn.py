@@ -40,8 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import errors
-from .objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
+from ..core import errors
+from ..core.objects import SUBJECTACCESSREVIEWS, TOKENREVIEWS
 
 __all__ = ["MetricsAuthorizer", "Decision", "server_tls_context", "self_signed_cert",
            "TOKEN_TTL_SECONDS", "ALLOW_TTL_SECONDS", "DENY_TTL_SECONDS"]

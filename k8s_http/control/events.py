@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from .objects import EVENTS, ObjectKey, rfc3339_now
+from ..core.objects import EVENTS, ObjectKey, rfc3339_now
 
 __all__ = ["EventRecorder"]
 

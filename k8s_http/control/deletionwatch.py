@@ -26,9 +26,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .informer import Informer
-from .metrics import Metrics
-from .objects import ObjectKey, Resource
+from ..core.objects import ObjectKey, Resource
+from ..ops.metrics import Metrics
+from ..cache.informer import Informer
 
 __all__ = ["DeletionWatches"]
 

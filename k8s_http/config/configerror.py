@@ -9,7 +9,7 @@ A message that names a setting the caller chose (an argument of `load_config`
 or `Manager`) writes it as `setting(name)`: the library cannot know whether the
 value came from a flag, a file or code. Shown as it is, the error names the
 argument (`kubeconfig=`); the layer that knows how the user spelled the setting
-renames it (`k8s_http.flags.with_flag_names`: `--kubeconfig`).
+renames it (`k8s_http.ops.flags.with_flag_names`: `--kubeconfig`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import copy
 import re
 from collections.abc import Mapping
 
-from .errors import K8sHttpError
+from ..core.errors import K8sHttpError
 
 __all__ = ["ConfigError", "CredentialError", "one_line", "clip", "read_file", "setting",
            "name_settings"]

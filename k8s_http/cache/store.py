@@ -7,7 +7,7 @@ is simpler than finer-grained schemes and not slower in practice.
 
 The Store takes objects (one by one, or a list's raw items through a
 `StoreList`) and gives back dicts; how it keeps them is its own business.
-It keeps them packed (k8s_http.packed): one flat tuple of leaves per object,
+It keeps them packed (k8s_http.cache.packed): one flat tuple of leaves per object,
 its structure shared with every object of the same shape. That is several
 times smaller than dicts and lists, and the garbage collector never walks it.
 Every read builds a new dict, so readers may edit what they get; the price is
@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
-from .objects import ObjectKey, controller_of, key_of, strip_managed_fields
-from .objects import resource_version_of as _rv
+from ..core.objects import ObjectKey, controller_of, key_of, strip_managed_fields
+from ..core.objects import resource_version_of as _rv
 from .packed import LEAF, leaf, pack, same_apart_from, seal
 from .projection import Projection
 

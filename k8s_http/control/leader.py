@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import errors
-from .metrics import Metrics
-from .objects import LEASES
+from ..core import errors
+from ..core.objects import LEASES
+from ..ops.metrics import Metrics
 
 __all__ = [
     "LeaderElector",

@@ -13,8 +13,8 @@ import http.client
 import socket
 import threading
 
+from ..core.errors import ApiConnectionError, ApiTimeoutError
 from .connection import READ_BYTES, Deadline, ResponseHead
-from .errors import ApiConnectionError, ApiTimeoutError
 from .watchproto import ChunkedDecoder
 
 __all__ = ["Stream", "read_body"]

@@ -15,11 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .backoff import Backoff
-from .metrics import Metrics
-from .objects import ObjectKey, Resource, controller_of, key_of, meta_of
+from ..core.backoff import Backoff
+from ..core.objects import ObjectKey, Resource, controller_of, key_of, meta_of
+from ..ops.metrics import Metrics
+from ..wire.defaults import WATCH_STALL_TIMEOUT_SECONDS
 from .store import Fields, StoreList, Store
-from .watcher import STALL_TIMEOUT_SECONDS, STALLS_UNHEALTHY, Watcher
+from .watcher import Watcher
+from .watchstep import STALLS_UNHEALTHY
 
 __all__ = ["Informer", "Mapper", "KeyMapper", "own_key", "owner_key"]
 
@@ -112,7 +114,7 @@ class Informer:
                  label_selector: str | None = None, field_selector: str | None = None,
                  store: Store | None = None, metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
-                 stall_timeout_seconds: float = STALL_TIMEOUT_SECONDS, page_size: int = 500,
+                 stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS, page_size: int = 500,
                  backoff_factory: Callable[[], Backoff] | None = None,
                  streaming_list: bool = True):
         self.resource = resource

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from .objects import meta_of, resource_version_of
+from ..core.objects import meta_of, resource_version_of
 
 __all__ = ["GenerationMemo"]
 

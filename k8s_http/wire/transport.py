@@ -28,14 +28,14 @@ import time
 from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urlencode, urlsplit
 
-from . import errors
-from .backoff import TokenBucket
-from .config import ClusterConfig, CredentialError
+from ..core import errors
+from ..core.backoff import TokenBucket
+from ..core.errors import ApiConnectionError, ApiTimeoutError, K8sHttpError, ProtocolError
+from ..config.cluster import ClusterConfig, CredentialError
+from ..ops.metrics import Metrics
 from .connection import (LOST, Headers, HTTPConnection, HTTPSConnection, ResponseHead,
                          is_dropped, read_response_head)
 from .defaults import WATCH_STALL_TIMEOUT_SECONDS
-from .errors import ApiConnectionError, ApiTimeoutError, K8sHttpError, ProtocolError
-from .metrics import Metrics
 from .stream import Stream, read_body
 
 __all__ = ["Transport", "Response", "Stream", "DEFAULT_USER_AGENT", "user_agent"]

@@ -30,9 +30,9 @@ Invariants:
   * layouts are shared through a bounded table (emptied when full, as the
     Interner is: objects keep the layouts they have), keyed by signature; a
     packer with a signature of its own (Projection's compiled walk, see
-    k8s_http.packcode) gives the shape itself the first time (`seal(..., shape_of)`);
+    k8s_http.cache.packcode) gives the shape itself the first time (`seal(..., shape_of)`);
   * a layout builds its objects with a function compiled from its shape
-    (k8s_http.packcode, the package's one code generator), whose source is made
+    (k8s_http.cache.packcode, the package's one code generator), whose source is made
     only of subscripts into the leaves and into the layout's own key tuple (no
     key text is ever part of the source). Shapes too large or too deep to
     compile are built by a recursive walk instead.
@@ -164,7 +164,7 @@ class _LayoutTable:
                shape_of: Callable[[], Shape] | None = None) -> Layout:
         """The layout of `signature`; made on first sight from the shape the
         signature stands for (`nest`), or from `shape_of()` for a signature in
-        another code (Projection's compact one, see k8s_http.packcode)."""
+        another code (Projection's compact one, see k8s_http.cache.packcode)."""
         found = self._table.get(signature)
         if found is not None:
             return found

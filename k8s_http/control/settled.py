@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 
-from .objects import resource_version_of
+from ..core.objects import resource_version_of
 
 __all__ = ["SettledVersions"]
 
