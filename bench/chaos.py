@@ -1,7 +1,7 @@
 """Chaos in a burst: one fault in the middle of a 1,000-`My` burst at 50/s (issue 36 item 2).
 
-    .venv/bin/python bench/chaos.py                       # all runs, writes RESULTS.chaos.md
-    .venv/bin/python bench/chaos.py --faults none,etcd --count 200 --no-markdown   # a quick look
+    .venv/bin/python -m bench chaos                       # all runs, writes RESULTS.chaos.md
+    .venv/bin/python -m bench chaos --faults none,etcd --count 200 --no-markdown   # a quick look
 
 Each run starts its own control plane (`--pods`: with kwok Pods; default Pod-less),
 `controller.py --workers 4` talking to it through `tests/support/faultproxy.py`, and
@@ -46,16 +46,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.convergence.cluster import MY, BenchCluster  # noqa: E402
-from bench.convergence.observer import Observer  # noqa: E402
-from bench.convergence.operators import OurOperator, python_env  # noqa: E402,F401
-from bench.convergence.scenarios import Settings, env_value, settle, status_current  # noqa: E402
-from bench.soak import _git, _retry, check, my_object, proxied_namespace  # noqa: E402
-from k8s_http.errors import ConflictError  # noqa: E402
-from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
+from bench.convergence.cluster import MY, BenchCluster
+from bench.convergence.observer import Observer
+from bench.convergence.operators import OurOperator, python_env  # noqa: F401
+from bench.convergence.scenarios import Settings, env_value, settle, status_current
+from bench.soak import _git, _retry, check, my_object, proxied_namespace
+from k8s_http.errors import ConflictError
+from k8s_http.objects import DEPLOYMENTS, SERVICES
 
 NAMESPACE = "chaos"
 FAULTS = ("none", "etcd", "apiserver", "operator", "leader", "partition")
@@ -346,7 +343,7 @@ def main(argv=None) -> int:
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             # a snapshot (git archive) has no .git: the runner names the commit
             "git": _git("rev-parse", "--short", "HEAD") or os.environ.get("BENCH_GIT", "?"),
-            "command": " ".join([".venv/bin/python bench/chaos.py", *sys.argv[1:]]),
+            "command": " ".join([".venv/bin/python -m bench chaos", *sys.argv[1:]]),
             "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
             "python": platform.python_version(), "loadavg": os.getloadavg()}
     if args.merge:
@@ -378,7 +375,3 @@ def main(argv=None) -> int:
     bad = [r["fault"] for r in runs if not r["converged"] or r["updates_lost"] or r["not_converged"]
            or any(r["duplicates"].values())]
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,6 +4,7 @@ Every benchmark writes its section (bench/RESULTS.<name>.md) with its command,
 versions and date; this only puts them together, in a fixed order.
 """
 
+import argparse
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -11,7 +12,8 @@ SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "scale", "startup
             "image", "footprint", "controlplane", "soak", "chaos", "fuzz"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     parts = []
     for name in SECTIONS:
         path = BENCH / f"RESULTS.{name}.md"
@@ -21,7 +23,4 @@ def main() -> None:
             parts.append(f"## {name}\n\n(not measured yet: {path.name} is missing)")
     (BENCH / "RESULTS.md").write_text("\n\n---\n\n".join(parts) + "\n")
     print(f"wrote {BENCH / 'RESULTS.md'}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

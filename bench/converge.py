@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Side by side on the real control plane: my-controller, a controller-runtime peer, kopf.
 
-    python bench/converge.py --idle-seconds 30 --no-footprint   # make bench: 13-22 min, 2 cores
-    python bench/converge.py --quick             # smoke run: 20 objects, 1 run, ~3 minutes
-    python bench/converge.py --runs 1 --full '' --operators ours-w4,cr-w4
-    python bench/converge.py --pods-ready        # create -> Ready=True Available, with Pods:
+    python -m bench converge --idle-seconds 30 --no-footprint   # make bench: 13-22 min, 2 cores
+    python -m bench converge --quick             # smoke run: 20 objects, 1 run, ~3 minutes
+    python -m bench converge --runs 1 --full '' --operators ours-w4,cr-w4
+    python -m bench converge --pods-ready        # create -> Ready=True Available, with Pods:
                                                  # 100 one at a time, 200 at 5/s, 400 at 20/s
 
 A local etcd + kube-apiserver + kube-controller-manager is started for the
@@ -66,12 +66,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-
-from convergence import footprint, ready, ready_report, report, scenarios  # noqa: E402
-from convergence.cluster import KCM_API_BURST, KCM_API_QPS, BenchCluster  # noqa: E402
-from convergence.observer import Observer  # noqa: E402
-from convergence.operators import (  # noqa: E402
+from bench.convergence import footprint, ready, ready_report, report, scenarios
+from bench.convergence.cluster import KCM_API_BURST, KCM_API_QPS, BenchCluster
+from bench.convergence.observer import Observer
+from bench.convergence.operators import (
     ControllerRuntimeOperator, KopfOperator, OperatorProcess, OurOperator, precompile,
 )
 
@@ -324,7 +322,7 @@ def metadata(args, cluster: BenchCluster, argv: list[str]) -> dict:
                 if "==" in line and not line.startswith("#"))
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/converge.py " + " ".join(shlex.quote(a) for a in argv),
+        "command": "python -m bench converge " + " ".join(shlex.quote(a) for a in argv),
         "git": _git("rev-parse", "--short", "HEAD") + (" (+ uncommitted changes)"
                                                       if _source_changed() else ""),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -587,7 +585,7 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench/converge.py", description=__doc__.split("\n\n")[0],
+        description=__doc__.split("\n\n")[0],
         epilog="`make bench` runs it with --idle-seconds 30 --no-footprint (13-22 minutes "
                "on 2 cores); --quick is a smoke run.")
     parser.add_argument("--sizes", default="1000",
@@ -807,7 +805,3 @@ def main_ready(args, argv: list[str]) -> int:
         ready_report.splice(args.markdown, ready_report.section(data))
         log(f"done in {(time.monotonic() - t_start) / 60:.1f} min: {args.out}, {args.markdown}")
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

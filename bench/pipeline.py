@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The informer and worker pipeline: cache memory and queue throughput.
 
-    python bench/pipeline.py                 # full run, about 1-2 minutes
-    python bench/pipeline.py --objects 2000 --keys 5000     # quick
+    python -m bench pipeline                 # full run, about 1-2 minutes
+    python -m bench pipeline --objects 2000 --keys 5000     # quick
 
 1. memory: peak RSS of a process whose Informer lists N realistic Deployments
    (labels, annotations with last-applied-configuration, managedFields from two
@@ -35,7 +35,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
 
 WORKER_COUNTS = (1, 2, 4, 8, 16)
 MEMORY_CASES = ("baseline", "strip_managed_fields", "no_transform", "per_page_strip")
@@ -457,7 +456,7 @@ def main(argv=None) -> int:
         print(json.dumps(child_memory(args.url, args.child_memory, args.namespace)))
         return 0
 
-    command = "python bench/pipeline.py" + "".join(
+    command = "python -m bench pipeline" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     started = time.perf_counter()
     report = {
@@ -482,7 +481,3 @@ def main(argv=None) -> int:
     print(text)
     print(f"wrote {out} and {args.markdown} in {report['wall_seconds']} s", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

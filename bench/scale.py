@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Operators started over an existing, converged fleet: memory, start-up, writes, idle CPU.
 
-    python bench/scale.py                               # make bench-scale: 0, 1,000, 10,000 My
-    python bench/scale.py --sizes 0,1000 --operators ours-w4,cr-w4 --idle-seconds 10   # smoke
-    python bench/scale.py --sizes 0,1000,10000,30000,100000 --kopf-max-size 1000
-    python bench/scale.py --from-json bench/results/scale-<date>.json   # markdown only
-    python bench/scaling/plane.py up /tmp/scale-plane     # a plane that outlives the run:
-    python bench/scale.py --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
-    python bench/scale.py --cluster-dir DIR --sizes 0,1000,10000,30000,100000 --headless-services
+    python -m bench scale                               # make bench-scale: 0, 1,000, 10,000 My
+    python -m bench scale --sizes 0,1000 --operators ours-w4,cr-w4 --idle-seconds 10   # smoke
+    python -m bench scale --sizes 0,1000,10000,30000,100000 --kopf-max-size 1000
+    python -m bench scale --from-json bench/results/scale-<date>.json   # markdown only
+    python -m bench plane up /tmp/scale-plane     # a plane that outlives the run:
+    python -m bench scale --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
+    python -m bench scale --cluster-dir DIR --sizes 0,1000,10000,30000,100000 --headless-services
                                                         # to 100,000 (a plane whose fleet has
                                                         # ClusterIP Services refuses the flag)
 
@@ -56,20 +56,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-for _path in (HERE, ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-import converge  # noqa: E402  (its operator factory, peer build and git helpers)
-from convergence import footprint  # noqa: E402
-from convergence.cluster import BenchCluster  # noqa: E402
-from convergence.operators import (OperatorProcess, OurOperator, KopfOperator,  # noqa: E402
+from bench import converge  # its operator factory, peer build and git helpers
+from bench.convergence import footprint
+from bench.convergence.cluster import BenchCluster
+from bench.convergence.operators import (OperatorProcess, OurOperator, KopfOperator,
                                    precompile, python_env)
-from scaling import analysis, report  # noqa: E402
-from scaling import bare as bare_client  # noqa: E402
-from scaling.fleet import Fleet, FleetMismatch  # noqa: E402
-from scaling.plane import APISERVER_ARGS, plane_settings  # noqa: E402
-from tests.support import controlplane  # noqa: E402
+from bench.scaling import analysis, report
+from bench.scaling import bare as bare_client
+from bench.scaling.fleet import Fleet, FleetMismatch
+from bench.scaling.plane import APISERVER_ARGS, plane_settings
+from tests.support import controlplane
 
 OPERATORS = ("ours-w4", "cr-w4", "kopf")
 HEADLINE, REFERENCE = converge.HEADLINE, converge.REFERENCE
@@ -156,12 +152,12 @@ def run_operator(bench: converge.Bench, cluster: BenchCluster, key: str, size: i
 
 
 def run_bare(cluster: BenchCluster, size: int, mode: str) -> dict:
-    """bench/scaling/bare.py as a fresh process: spawn-to-exit and in-process seconds."""
+    """`python -m bench bare` as a fresh process: spawn-to-exit and in-process seconds."""
     t0 = time.monotonic()
-    proc = subprocess.run([bench_python(), str(HERE / "scaling" / "bare.py"),
+    proc = subprocess.run([bench_python(), "-m", "bench", "bare",
                            "--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE,
                            "--mode", mode], capture_output=True, text=True, check=False,
-                          env=python_env())
+                          env=python_env(), cwd=ROOT)
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-500:], "mode": mode}
@@ -251,7 +247,7 @@ def summarise(data: dict) -> None:
 def metadata(args, argv: list[str], cluster: BenchCluster) -> dict:
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/scale.py " + " ".join(shlex.quote(a) for a in argv),
+        "command": "python -m bench scale " + " ".join(shlex.quote(a) for a in argv),
         "git": converge._git("rev-parse", "--short", "HEAD") + (
             " (+ uncommitted changes)" if converge._source_changed() else ""),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -286,7 +282,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "allocation, which the apiserver makes one at a time at a cost that "
                         "grows with the fleet; needed beyond ~30,000 (bench/scaling/fleet.py)")
     p.add_argument("--cluster-dir", type=Path, default=None,
-                   help="attach to the plane `python bench/scaling/plane.py up DIR` runs, and "
+                   help="attach to the plane `python -m bench plane up DIR` runs, and "
                         "reuse (and grow) the fleet earlier runs left there")
     p.add_argument("--ready-pairs", type=int, default=4, metavar="N",
                    help="at the largest size, N more back-to-back pairs of the bare client and "
@@ -419,7 +415,3 @@ def _plane_rss(cluster: BenchCluster) -> dict:
 def _save(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Soak: 200 `My`s under steady churn, through a fault-injecting proxy, on the local control plane.
 
-    .venv/bin/python bench/soak.py                   # 20 minutes, writes RESULTS.soak.md
-    .venv/bin/python bench/soak.py --minutes 3 --no-markdown    # a quick look
+    .venv/bin/python -m bench soak                   # 20 minutes, writes RESULTS.soak.md
+    .venv/bin/python -m bench soak --minutes 3 --no-markdown    # a quick look
 
 What runs:
 
@@ -50,18 +50,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.convergence.cluster import (BENCH_USER_AGENT, MY, OPERATOR_USER,  # noqa: E402
+from bench.convergence.cluster import (BENCH_USER_AGENT, MY, OPERATOR_USER,
                                        WRITE_VERBS, BenchCluster)
-from bench.convergence.operators import OurOperator  # noqa: E402
-from bench.convergence.scenarios import ENV_NAME, env_value as env_of  # noqa: E402
-from bench.scaling.analysis import fit_line  # noqa: E402
-from k8s_http.errors import K8sHttpError, NotFoundError  # noqa: E402
-from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
-from tests.support.faultproxy import FaultProxy, scenario  # noqa: E402
-from bench import soak_alloc  # noqa: E402
+from bench.convergence.operators import OurOperator
+from bench.convergence.scenarios import ENV_NAME, env_value as env_of
+from bench.scaling.analysis import fit_line
+from k8s_http.errors import K8sHttpError, NotFoundError
+from k8s_http.objects import DEPLOYMENTS, SERVICES
+from tests.support.faultproxy import FaultProxy, scenario
+from bench import soak_alloc
 
 NAMESPACE = "soak"
 RESULTS_JSON = HERE / "results" / "soak.json"
@@ -492,7 +489,7 @@ def _meta(args) -> dict:
             # a snapshot (git archive) has no .git: the runner names the commit
             "git": (_git("rev-parse", "--short", "HEAD") or os.environ.get("BENCH_GIT", "?"))
             + (" (+ uncommitted changes)" if dirty else ""),
-            "command": " ".join([".venv/bin/python bench/soak.py", *sys.argv[1:]]),
+            "command": " ".join([".venv/bin/python -m bench soak", *sys.argv[1:]]),
             "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
             "python": platform.python_version(), "loadavg": os.getloadavg()}
 
@@ -687,7 +684,3 @@ def main(argv: list[str] | None = None) -> int:
     end = data["end"]
     ok = not end["not_converged"] and not end["updates_lost"] and not data["process"]["restarts"]
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Start-up list: streaming (WatchList) against paged, for one informer over N objects.
 
-    python bench/startup_list.py --objects 20000 --repeat 2 --write
+    python -m bench startup_list --objects 20000 --repeat 2 --write
 
 Starts a local control plane (etcd + kube-apiserver, no controller manager;
 or uses --kubeconfig), creates N ConfigMaps of ~1 KiB in one namespace if they
@@ -37,8 +37,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 NAMESPACE = "bench-startup-list"
 
@@ -206,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from tests.support import controlplane
         meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "command": "python bench/startup_list.py " + " ".join(
+                "command": "python -m bench startup_list " + " ".join(
                     shlex.quote(a) for a in argv_used),
                 "python": platform.python_version(), "kubernetes": controlplane.K8S_VERSION,
                 "load_average_at_end": os.getloadavg()}
@@ -221,7 +219,3 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.cpu_count()} CPUs. Each figure is the best of {args.repeat} runs, each in a "
             "fresh process, modes taking turns.\n\n" + md + "\n" + READING)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,8 +2,8 @@
 """Start-up CPU without the apiserver: the operator's informers against a bare decoder,
 over the same recorded streams.
 
-    python bench/startup_replay.py record --kubeconfig KC --namespace NS --out DIR
-    python bench/startup_replay.py replay DIR [--rounds 6]
+    python -m bench startup_replay record --kubeconfig KC --namespace NS --out DIR
+    python -m bench startup_replay replay DIR [--rounds 6]
 
 `record` reads the three streaming lists the operator's informers make at
 start-up (its `My`; its Deployments and Services, by the managed-by selector)
@@ -54,19 +54,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT / "bench", ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
-from controller import MY, PROJECTIONS  # noqa: E402
-from k8s_http.client import ApiClient, WatchStream  # noqa: E402
-from k8s_http.config import load_config  # noqa: E402
-from k8s_http.errors import K8sHttpError  # noqa: E402
-from k8s_http.informer import Informer, own_key, owner_key  # noqa: E402
-from k8s_http.store import Store  # noqa: E402
-from k8s_http.watcher import INITIAL_EVENTS_END  # noqa: E402
-from k8s_http.workqueue import WorkQueue  # noqa: E402
-from scaling import bare as bare_client  # noqa: E402
+from controller import MY, PROJECTIONS
+from k8s_http.client import ApiClient, WatchStream
+from k8s_http.config import load_config
+from k8s_http.errors import K8sHttpError
+from k8s_http.informer import Informer, own_key, owner_key
+from k8s_http.store import Store
+from k8s_http.watcher import INITIAL_EVENTS_END
+from k8s_http.workqueue import WorkQueue
+from bench.scaling import bare as bare_client
 
 # What the operator's informers read at start-up (the bare client's reads), with
 # the key mapper each informer hands its objects to: resource, label selector, mapper.
@@ -302,7 +299,3 @@ def main(argv: list[str] | None = None) -> int:
           f"ours {statistics.median(result['ours_seconds']) / objects * 1e6:.1f} us an object, "
           f"bare {statistics.median(result['bare_seconds']) / objects * 1e6:.1f}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Memory kept per write: RSS of an operator that created N My's children itself vs one
 started over the same converged fleet (issue 17: "nothing kept per write").
 
-    python bench/write_memory.py --sizes 1000,5000 [--diagnose] [--out FILE.json]
+    python -m bench write_memory --sizes 1000,5000 [--diagnose] [--out FILE.json]
 
 For each size, on a fresh local control plane with no kube-controller-manager (so no
 Deployment controller, no ReplicaSets or Pods; the Deployments' status stays empty):
@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 QUIET = 5.0
 KIB = 1024
@@ -460,7 +459,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The bare-client baseline: read what the operator's informers read at start-up, keep nothing.
 
-    python bench/scaling/bare.py --kubeconfig K --namespace NS [--mode paged]
+    python -m bench bare --kubeconfig K --namespace NS [--mode paged]
 
 Lists the namespace's `My`, and its Deployments and Services carrying the
 operator's managed-by label (controller.MANAGED_SELECTOR: the operator's own
@@ -32,12 +32,12 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from controller import MANAGED_SELECTOR, MY  # noqa: E402
-from convergence.cluster import BENCH_USER_AGENT  # noqa: E402
-from k8s_http.client import ApiClient  # noqa: E402
-from k8s_http.config import load_config  # noqa: E402
-from k8s_http.errors import K8sHttpError  # noqa: E402
-from k8s_http.objects import DEPLOYMENTS, SERVICES  # noqa: E402
+from controller import MANAGED_SELECTOR, MY
+from convergence.cluster import BENCH_USER_AGENT
+from k8s_http.client import ApiClient
+from k8s_http.config import load_config
+from k8s_http.errors import K8sHttpError
+from k8s_http.objects import DEPLOYMENTS, SERVICES
 
 PAGE_SIZE = 500
 # The bench's own prefix: the audit-log counter never takes these reads for the operator's.
@@ -117,7 +117,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -35,8 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import controller
-from convergence.cluster import MY
-from convergence.scenarios import my_object
+from bench.convergence.cluster import MY
+from bench.convergence.scenarios import my_object
 from k8s_http.client import ApiClient
 from k8s_http.errors import AlreadyExistsError, NotFoundError
 from k8s_http.objects import DEPLOYMENTS, SERVICES, rfc3339_now

@@ -104,7 +104,7 @@ def write_markdown(path: Path, data: dict, before: dict | None = None) -> None:
     largest = sizes[-1] if sizes else "0"
     slopes = data.get("slopes", {})
     out = ["## Scale: operators started over an existing, converged fleet", "",
-           f"    {meta.get('command', 'python bench/scale.py')}", "", _provenance(meta), ""]
+           f"    {meta.get('command', 'python -m bench scale')}", "", _provenance(meta), ""]
     planned = [str(s) for s in settings.get("sizes", [])]
     if planned and planned != sizes:
         out += [f"**Stopped early**: sizes measured {', '.join(f'{int(s):,}' for s in sizes)} "
