@@ -18,8 +18,8 @@ one fleet of converged `My` (bench/scaling/fleet.py: children rendered by
 controller.py itself, both statuses written) size by size, and at each size:
 
   bare      a fresh process reads what the informers read at start-up and keeps
-            nothing (bench/scaling/bare.py; paged list until issue 17a's
-            streaming helper is switched in there)
+            nothing (`python -m bench bare`, bench/scaling/bare.py: one streaming
+            list per resource, or --bare-mode paged)
   operators each in turn (the order reversed at every other size), a fresh process
             over the fleet's namespace: ready (ours "caches synced", then /readyz
             200 checked; the controller-runtime peer's "Starting workers", each
@@ -274,8 +274,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="kopf only up to this size (default %(default)s)")
     p.add_argument("--bare-mode", default=bare_client.DEFAULT_MODE,
                    choices=sorted(bare_client.LISTERS),
-                   help="bench/scaling/bare.py's --mode: stream once issue 17a's "
-                        "bench/scale_bare.py is there, else paged (default %(default)s)")
+                   help="`python -m bench bare`'s --mode (default %(default)s)")
     p.add_argument("--threads", type=int, default=16, help="fleet-creating threads")
     p.add_argument("--headless-services", action="store_true",
                    help="grow the fleet with headless Services (clusterIP None): no ClusterIP "

@@ -131,9 +131,8 @@ def write_markdown(path: Path, data: dict, before: dict | None = None) -> None:
            "controller-runtime peer. The *bare client* is bench/scaling/bare.py, a fresh "
            f"process reading the same three lists at once and keeping nothing, mode "
            f"`{settings.get('bare_mode', 'paged')}`"
-           + (" (paged, 500 per page: issue 17a's streaming-list helper, bench/scale_bare.py, "
-              "was not there)" if settings.get("bare_mode", "paged") == "paged" else
-              " (issue 17a's bench/scale_bare.py: one streaming list per resource, or a paged "
+           + (" (paged, 500 per page)" if settings.get("bare_mode", "paged") == "paged" else
+              " (one streaming list per resource, or a paged "
               "list where the apiserver refuses to stream)") + "."
            + (" The fleet's Services are headless (`clusterIP: None`, --headless-services): "
               "the apiserver allocates ClusterIPs one at a time at a cost that grows with "

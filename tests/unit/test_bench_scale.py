@@ -7,7 +7,6 @@ the arithmetic and the rendering its report rests on. No timing is asserted.
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
@@ -240,29 +239,15 @@ def test_markdown_of_a_run_stopped_early_says_which_sizes_it_has(tmp_path):
 
 # ---------------------------------------------------------------- the bare-client seam
 
-def test_bare_client_is_paged_until_the_streaming_helper_is_importable(monkeypatch):
-    import importlib
-    import types
-
+def test_the_bare_client_streams_by_default_and_drops_the_selector(monkeypatch):
     from bench.scaling import bare
-    monkeypatch.setitem(sys.modules, "scale_bare", None)     # import fails
-    bare = importlib.reload(bare)
-    assert (bare.DEFAULT_MODE, sorted(bare.LISTERS)) == ("paged", ["paged"])
-
     calls = []
-    helper = types.ModuleType("scale_bare")
-    helper.measure = lambda client, resource, namespace=None: (
+    monkeypatch.setattr(bare, "measure", lambda client, resource, namespace=None: (
         calls.append((client, resource, namespace)) or {"mode": "streaming", "objects": 7,
-                                                         "seconds": 0.1})
-    monkeypatch.setitem(sys.modules, "scale_bare", helper)
-    bare = importlib.reload(bare)
-    try:
-        assert bare.DEFAULT_MODE == "stream" and sorted(bare.LISTERS) == ["paged", "stream"]
-        assert bare.LISTERS["stream"]("client", "my", "ns", "a=b") == 7
-        assert calls == [("client", "my", "ns")]
-    finally:
-        monkeypatch.delitem(sys.modules, "scale_bare")
-        importlib.reload(bare)
+                                                         "seconds": 0.1}))
+    assert bare.DEFAULT_MODE == "stream" and sorted(bare.LISTERS) == ["paged", "stream"]
+    assert bare.LISTERS["stream"]("client", "my", "ns", "a=b") == 7
+    assert calls == [("client", "my", "ns")]
 
 
 def test_a_reused_fleet_is_taken_over_and_its_last_threads_are_made_again():
