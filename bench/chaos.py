@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import json
-import os
-import platform
 import re
 import sys
 import tempfile
@@ -50,7 +47,8 @@ from bench.convergence.cluster import MY, BenchCluster
 from bench.convergence.observer import Observer
 from bench.convergence.operators import OurOperator, python_env  # noqa: F401
 from bench.convergence.scenarios import Settings, env_value, settle, status_current
-from bench.soak import _git, _retry, check, my_object, proxied_namespace
+from bench import harness
+from bench.soak import _retry, check, my_object, proxied_namespace
 from k8s_http.errors import ConflictError
 from k8s_http.objects import DEPLOYMENTS, SERVICES
 
@@ -340,12 +338,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            # a snapshot (git archive) has no .git: the runner names the commit
-            "git": _git("rev-parse", "--short", "HEAD") or os.environ.get("BENCH_GIT", "?"),
-            "command": " ".join([".venv/bin/python -m bench chaos", *sys.argv[1:]]),
-            "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-            "python": platform.python_version(), "loadavg": os.getloadavg()}
+    meta = harness.brief_metadata("chaos", sys.argv[1:])
     if args.merge:
         parts = [json.loads(path.read_text()) for path in args.merge]
         data = {"meta": parts[0]["meta"], "settings": parts[0]["settings"],

@@ -34,10 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import json
-import os
-import platform
 import random
 import re
 import sys
@@ -58,7 +55,7 @@ from bench.scaling.analysis import fit_line
 from k8s_http.errors import K8sHttpError, NotFoundError
 from k8s_http.objects import DEPLOYMENTS, SERVICES
 from tests.support.faultproxy import FaultProxy, scenario
-from bench import soak_alloc
+from bench import harness, soak_alloc
 
 NAMESPACE = "soak"
 RESULTS_JSON = HERE / "results" / "soak.json"
@@ -344,7 +341,8 @@ def proxied_namespace(cluster: BenchCluster, namespace: str, work: Path
 
 
 def run(args: argparse.Namespace) -> dict:
-    meta = _meta(args)          # at the start: the code that ran, not what HEAD is at the end
+    # at the start: the code that ran, not what HEAD is at the end
+    meta = harness.brief_metadata("soak", sys.argv[1:])
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="my-controller-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"soak: audit log, operator log and kubeconfig in {work}", flush=True)
@@ -474,24 +472,6 @@ def run(args: argparse.Namespace) -> dict:
         if proxy is not None:
             proxy.stop()
         cluster.stop()
-
-
-def _git(*argv: str) -> str:
-    import subprocess
-    proc = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True)
-    return proc.stdout.strip()
-
-
-def _meta(args) -> dict:
-    dirty = any(not line[3:].startswith(("bench/results/", "bench/RESULTS"))
-                for line in _git("status", "--porcelain").splitlines() if line.strip())
-    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            # a snapshot (git archive) has no .git: the runner names the commit
-            "git": (_git("rev-parse", "--short", "HEAD") or os.environ.get("BENCH_GIT", "?"))
-            + (" (+ uncommitted changes)" if dirty else ""),
-            "command": " ".join([".venv/bin/python -m bench soak", *sys.argv[1:]]),
-            "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-            "python": platform.python_version(), "loadavg": os.getloadavg()}
 
 
 def _labels(key: str) -> dict[str, str]:
