@@ -12,7 +12,6 @@ paragraph of its docstring.
 
 from __future__ import annotations
 
-import ast
 import importlib
 import sys
 from pathlib import Path
@@ -42,6 +41,7 @@ BENCHMARKS = {
 
 def summary(module: str) -> str:
     """The first paragraph of the module's docstring, on one line, read without importing it."""
+    import ast       # here: a benchmark's child process (its memory measured) never loads it
     path = HERE.joinpath(*module.split(".")).with_suffix(".py")
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     return " ".join(doc.strip().split("\n\n")[0].split())

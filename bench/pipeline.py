@@ -305,7 +305,8 @@ def run_memory(objects: int) -> list[dict]:
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
         for case in MEMORY_CASES:
             proc = subprocess.run(
-                [sys.executable, __file__, "--child-memory", case, "--url", server.url,
+                [sys.executable, "-m", "bench", "pipeline", "--child-memory", case,
+                 "--url", server.url,
                  "--namespace", namespace],
                 capture_output=True, text=True, timeout=300, cwd=ROOT)
             if proc.returncode != 0:

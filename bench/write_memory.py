@@ -205,7 +205,7 @@ def _operator_class():
             if not self.diagnose:
                 return argv
             mode = ["--operator"] + (["--tracemalloc"] if self.trace else [])
-            return [self.python, str(Path(__file__).resolve()), *mode, "--", *argv[2:]]
+            return [self.python, "-m", "bench", "write_memory", *mode, "--", *argv[2:]]
 
         def memreport(self) -> dict | None:
             if not self.diagnose:
