@@ -1,7 +1,11 @@
 """Rebuild bench/RESULTS.md from the summary and each benchmark's own section.
 
-Every benchmark writes its section (bench/RESULTS.<name>.md) with its command,
-versions and date; this only puts them together, in a fixed order.
+Every benchmark NAME (`python -m bench NAME`) writes its section,
+bench/RESULTS.NAME.md, with its command, versions and date, from its latest
+results, bench/results/NAME*.json: one file per benchmark, the latest run only
+(earlier runs are in git's history; `--from-json` renders one again). The
+summary, leader (tests/e2e) and controlplane (tests/support/build_testbin.sh)
+sections are written by hand. This only puts them together, in a fixed order.
 """
 
 import argparse
@@ -9,7 +13,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "scale", "startup_list", "leader",
-            "image", "footprint", "controlplane", "soak", "chaos", "fuzz"]
+            "image_footprint", "footprint", "controlplane", "soak", "chaos", "fuzz"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Image footprint: the image `make image` builds, beside the same operator on a slim-like Python.
 
     .venv/bin/python -m bench image_footprint            # prints a markdown report
-    .venv/bin/python -m bench image_footprint --write    # and writes bench/RESULTS.image.md
+    .venv/bin/python -m bench image_footprint --write    # and writes bench/RESULTS.image_footprint.md
 
 Needs root (chroot, namespaces), the image (`make image`: build/*.oci.tar) and
 the control-plane binaries (`make testbin`); attaches to `make cluster`'s plane
@@ -55,7 +55,7 @@ from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, free_port, http_get,
 from tests.support.controlplane import ControlPlane, default_state_dir
 from tests.support.image_runtime import PodSandbox, UnpackedImage
 
-RESULTS = ROOT / "bench" / "RESULTS.image.md"
+RESULTS = ROOT / "bench" / "RESULTS.image_footprint.md"
 VERSION = "0.1.0"
 ARCHIVE = ROOT / "build" / f"my-controller-{VERSION}.oci.tar"
 ROOTFS_TAR = ROOT / "build" / "rootfs.tar"
@@ -370,5 +370,5 @@ def main(argv=None) -> int:
     print(text)
     if args.write:
         RESULTS.write_text(text)
-        (ROOT / "bench" / "results" / "image.json").write_text(json.dumps(m, indent=2) + "\n")
+        (ROOT / "bench" / "results" / "image_footprint.json").write_text(json.dumps(m, indent=2) + "\n")
     return 0

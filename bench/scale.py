@@ -4,7 +4,7 @@
     python -m bench scale                               # make bench-scale: 0, 1,000, 10,000 My
     python -m bench scale --sizes 0,1000 --operators ours-w4,cr-w4 --idle-seconds 10   # smoke
     python -m bench scale --sizes 0,1000,10000,30000,100000 --kopf-max-size 1000
-    python -m bench scale --from-json bench/results/scale-<date>.json   # markdown only
+    python -m bench scale --from-json bench/results/scale.json   # markdown only
     python -m bench plane up /tmp/scale-plane     # a plane that outlives the run:
     python -m bench scale --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
     python -m bench scale --cluster-dir DIR --sizes 0,1000,10000,30000,100000 --headless-services
@@ -37,13 +37,13 @@ controller.py itself, both statuses written) size by size, and at each size:
 Per operator, the settled RSS over the sizes (size 0: the idle process) gives
 the per-object slope (least squares, KiB per My, its two children included).
 Goals of issue 17 are checked on ours and printed. Results:
-bench/results/scale-<date>.json and bench/RESULTS.scale.md.
+bench/results/scale.json (saved after each size, so an interrupted run leaves
+the sizes it measured) and bench/RESULTS.scale.md; earlier runs are in git's history.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import subprocess
 import time
@@ -261,8 +261,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timeout-seconds", type=float, default=180.0)
     p.add_argument("--timeout-per-my", type=float, default=0.02)
     p.add_argument("--compare-to", type=Path, default=None,
-                   help="an earlier scale-*.json: its slopes beside this run's (before/after)")
-    harness.add_output_arguments(p, out_help="default bench/results/scale-<date>.json",
+                   help="an earlier results file (git show REV:bench/results/scale.json): its "
+                        "slopes beside this run's (before/after)")
+    harness.add_output_arguments(p, out_help="default bench/results/scale.json",
                                  markdown=MARKDOWN)
     args = p.parse_args(argv)
     try:
@@ -296,8 +297,7 @@ def measure(args, argv: list[str]) -> tuple[dict, Path]:
     precompile(harness.bench_python())
     if "kopf" in args.operators:
         footprint.ensure_kopf_venv()
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
-    out = args.out or RESULTS / f"scale-{stamp}.json"
+    out = args.out or RESULTS / "scale.json"
     data: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v)
                                for k, v in vars(args).items()},
                   "fleet": [], "bare": {}, "runs": {}}

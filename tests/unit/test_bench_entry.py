@@ -52,3 +52,15 @@ def test_each_benchmark_shows_its_flags(name):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m bench {name} "), proc.stdout[:200]
+
+
+def test_results_are_one_latest_file_per_benchmark_collected_into_results_md():
+    from bench import collect_results
+    names = set(entry.BENCHMARKS)
+    for path in (BENCH / "results").glob("*.json"):
+        # NAME.json or NAME_VARIANT.json (converge_ready): no dates, history is git's.
+        assert path.stem in names or path.stem.rsplit("_", 1)[0] in names, path.name
+    sections = {p.name[len("RESULTS."):-len(".md")] for p in BENCH.glob("RESULTS.*.md")}
+    assert sections == set(collect_results.SECTIONS)
+    hand_written = {"summary", "leader", "controlplane"}
+    assert sections - hand_written <= names
