@@ -22,9 +22,9 @@ from tests.support.fake_apiserver import FakeApiServer
 pytestmark = pytest.mark.timeout(60)
 
 
-def fleet(server, n, ns="default", resource=DEPLOYMENTS, labels=None):
+def fleet(server, n, ns="default", resource=DEPLOYMENTS, labels=None, prefix="d"):
     for i in range(n):
-        server.create_object(resource.path(ns), {"metadata": {"name": f"d{i:04d}",
+        server.create_object(resource.path(ns), {"metadata": {"name": f"{prefix}{i:04d}",
                                                               "labels": labels or {}}})
 
 
@@ -48,23 +48,20 @@ def test_counts_every_object_and_says_how_it_got_them(mode, requests):
 
 
 @pytest.mark.parametrize("mode", ["stream", "paged"])
-def test_command_line_reads_the_informers_resources_and_prints_json(mode, capsys, tmp_path):
+def test_command_line_reads_the_informers_resources_and_prints_json(mode, capsys, monkeypatch):
     key, value = MANAGED_SELECTOR.split("=")
     with FakeApiServer() as server:
         fleet(server, 3, resource=MY)
         fleet(server, 3, labels={key: value})
         fleet(server, 3, resource=SERVICES, labels={key: value})
-        kubeconfig = tmp_path / "kc"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-            "users": [{"name": "u", "user": {}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
-        assert bare.main(["--kubeconfig", str(kubeconfig), "--namespace", "default",
-                          "--mode", mode]) == 0
+        fleet(server, 2, resource=SERVICES, prefix="other")   # not the operator's
+        monkeypatch.setattr(bare, "load_config", lambda path: (
+            path == "kc" or pytest.fail(path)) and ClusterConfig(server=server.url))
+        assert bare.main(["--kubeconfig", "kc", "--namespace", "default", "--mode", mode]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == mode and out["seconds"] > 0
-    assert out["items"] == {"my": 3, "deployments": 3, "services": 3}
+    # Streaming takes no selector: in the fleet's namespace all Services are the operator's.
+    assert out["items"] == {"my": 3, "deployments": 3, "services": 5 if mode == "stream" else 3}
 
 
 def test_a_missing_kubeconfig_is_a_clear_error_without_traceback(tmp_path, capsys):
