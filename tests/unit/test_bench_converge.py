@@ -228,3 +228,14 @@ def test_our_operator_command_line_and_environment(tmp_path, monkeypatch):
     assert op.ready_pattern.search('{"msg":"caches synced; starting workers"}')
     # Bytecode is written and reused, as a deployed image has it precompiled.
     assert "PYTHONDONTWRITEBYTECODE" not in operators.python_env(A="1")
+
+
+def test_write_memory_markdown_has_a_row_per_run_from_either_form_of_its_results():
+    from bench import write_memory
+    run = {"size": 5000, "created_kb_per_my": 3.35, "started_kb_per_my": 1.99,
+           "ratio_created_to_started": 1.1505}
+    row = "| 5,000 | 3.4 | 2.0 | 1.15 |"
+    assert f"| size 5,000 {row}" in write_memory.markdown([run])          # what --out writes
+    gathered = write_memory.markdown({"command": "python -m bench write_memory --sizes 5000",
+                                      "note": "two commits", "runs": {"after @ 5000": run}})
+    assert f"| after @ 5000 {row}" in gathered and "two commits" in gathered
