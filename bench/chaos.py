@@ -1,7 +1,7 @@
 """Chaos in a burst: one fault in the middle of a 1,000-`My` burst at 50/s (issue 36 item 2).
 
-    .venv/bin/python bench/chaos.py                       # all runs, writes RESULTS.chaos.md
-    .venv/bin/python bench/chaos.py --faults none,etcd --count 200 --no-markdown   # a quick look
+    .venv/bin/python -m bench chaos                       # all runs, writes RESULTS.chaos.md
+    .venv/bin/python -m bench chaos --faults none,etcd --count 200 --no-markdown   # a quick look
 
 Each run starts its own control plane (`--pods`: with kwok Pods; default Pod-less),
 `controller.py --workers 4` talking to it through `tests/support/faultproxy.py`, and
@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import json
-import os
-import platform
 import re
 import sys
 import tempfile
@@ -46,16 +43,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.convergence.cluster import MY, BenchCluster  # noqa: E402
-from bench.convergence.observer import Observer  # noqa: E402
-from bench.convergence.operators import OurOperator, python_env  # noqa: E402,F401
-from bench.convergence.scenarios import Settings, env_value, settle, status_current  # noqa: E402
-from bench.soak import _git, _retry, check, my_object, proxied_namespace  # noqa: E402
-from k8s_http.core.errors import ConflictError  # noqa: E402
-from k8s_http.core.objects import DEPLOYMENTS, SERVICES  # noqa: E402
+from bench.convergence.cluster import MY, BenchCluster
+from bench.convergence.observer import Observer
+from bench.convergence.operators import OurOperator, python_env  # noqa: F401
+from bench.convergence.scenarios import Settings, env_value, settle, status_current
+from bench import harness
+from bench.soak import _retry, check, my_object, proxied_namespace
+from k8s_http.core.errors import ConflictError
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES
 
 NAMESPACE = "chaos"
 FAULTS = ("none", "etcd", "apiserver", "operator", "leader", "partition")
@@ -343,12 +338,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            # a snapshot (git archive) has no .git: the runner names the commit
-            "git": _git("rev-parse", "--short", "HEAD") or os.environ.get("BENCH_GIT", "?"),
-            "command": " ".join([".venv/bin/python bench/chaos.py", *sys.argv[1:]]),
-            "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-            "python": platform.python_version(), "loadavg": os.getloadavg()}
+    meta = harness.brief_metadata("chaos", sys.argv[1:])
     if args.merge:
         parts = [json.loads(path.read_text()) for path in args.merge]
         data = {"meta": parts[0]["meta"], "settings": parts[0]["settings"],
@@ -378,7 +368,3 @@ def main(argv=None) -> int:
     bad = [r["fault"] for r in runs if not r["converged"] or r["updates_lost"] or r["not_converged"]
            or any(r["duplicates"].values())]
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,17 +1,23 @@
 """Rebuild bench/RESULTS.md from the summary and each benchmark's own section.
 
-Every benchmark writes its section (bench/RESULTS.<name>.md) with its command,
-versions and date; this only puts them together, in a fixed order.
+Every benchmark NAME (`python -m bench NAME`) writes its section,
+bench/RESULTS.NAME.md, with its command, versions and date, from its latest
+results, bench/results/NAME*.json: one file per benchmark, the latest run only
+(earlier runs are in git's history; `--from-json` renders one again). The
+summary, leader (tests/e2e) and controlplane (tests/support/build_testbin.sh)
+sections are written by hand. This only puts them together, in a fixed order.
 """
 
+import argparse
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "scale", "startup_list", "leader",
-            "image", "footprint", "controlplane", "soak", "chaos", "fuzz"]
+SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "scale", "startup_list", "write_memory", "leader",
+            "image_footprint", "footprint", "controlplane", "soak", "chaos", "fuzz"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     parts = []
     for name in SECTIONS:
         path = BENCH / f"RESULTS.{name}.md"
@@ -21,7 +27,4 @@ def main() -> None:
             parts.append(f"## {name}\n\n(not measured yet: {path.name} is missing)")
     (BENCH / "RESULTS.md").write_text("\n\n---\n\n".join(parts) + "\n")
     print(f"wrote {BENCH / 'RESULTS.md'}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

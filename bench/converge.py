@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Side by side on the real control plane: my-controller, a controller-runtime peer, kopf.
 
-    python bench/converge.py --idle-seconds 30 --no-footprint   # make bench: 13-22 min, 2 cores
-    python bench/converge.py --quick             # smoke run: 20 objects, 1 run, ~3 minutes
-    python bench/converge.py --runs 1 --full '' --operators ours-w4,cr-w4
-    python bench/converge.py --pods-ready        # create -> Ready=True Available, with Pods:
+    python -m bench converge --idle-seconds 30 --no-footprint   # make bench: 13-22 min, 2 cores
+    python -m bench converge --quick             # smoke run: 20 objects, 1 run, ~3 minutes
+    python -m bench converge --runs 1 --full '' --operators ours-w4,cr-w4
+    python -m bench converge --pods-ready        # create -> Ready=True Available, with Pods:
                                                  # 100 one at a time, 200 at 5/s, 400 at 20/s
 
 A local etcd + kube-apiserver + kube-controller-manager is started for the
@@ -51,29 +51,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
-import json
-import os
-import platform
 import pstats
 import re
-import shlex
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-
-from convergence import footprint, ready, ready_report, report, scenarios  # noqa: E402
-from convergence.cluster import KCM_API_BURST, KCM_API_QPS, BenchCluster  # noqa: E402
-from convergence.observer import Observer  # noqa: E402
-from convergence.operators import (  # noqa: E402
+from bench import harness
+from bench.convergence import footprint, ready, ready_report, report, scenarios
+from bench.convergence.cluster import KCM_API_BURST, KCM_API_QPS, BenchCluster
+from bench.convergence.observer import Observer
+from bench.convergence.operators import (
     ControllerRuntimeOperator, KopfOperator, OperatorProcess, OurOperator, precompile,
 )
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 ALL_OPERATORS = ("ours-w1", "ours-w4", "ours-w16", "cr-w4", "kopf")
 HEADLINE = "ours-w4"          # the default --workers: the configuration the goals are judged on
@@ -81,8 +74,7 @@ REFERENCE = "cr-w4"           # what the ratios are to: controller-runtime, 4 wo
 CRPEER_BUILD = HERE / "peers" / "build_crpeer.sh"
 
 
-def log(message: str) -> None:
-    print(f"[converge {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+log = harness.logger("converge")
 
 
 # ---------------------------------------------------------------- one operator, one size
@@ -95,8 +87,7 @@ class Bench:
         self.settings = scenarios.Settings(
             replicas=args.replicas, idle_seconds=args.idle_seconds,
             latency_count=args.latency_count, create_rate=args.rate)
-        self.python = str(ROOT / ".venv" / "bin" / "python") \
-            if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+        self.python = harness.bench_python()
         self.kopf_venv = footprint.KOPF_VENV
         self._crpeer: Path | None = None
 
@@ -283,24 +274,6 @@ def summarise_profile(path: Path, top: int = 15) -> dict:
 
 # ---------------------------------------------------------------- metadata and output
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
-def _source_changed() -> bool:
-    """Uncommitted changes to tracked files other than benchmark outputs (make bench
-    writes those first). Untracked files (a worktree's venv link) do not count."""
-    # "XY path": _git strips the output, so the first line may have lost its leading
-    # space; the path is what follows the status letters.
-    return any(not line.split(maxsplit=1)[-1].startswith(("bench/results/", "bench/RESULTS"))
-               for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()
-               if line.strip())
-
-
 def _run(argv: list[str]) -> str:
     try:
         return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
@@ -308,46 +281,24 @@ def _run(argv: list[str]) -> str:
         return "?"
 
 
-def _go_requirement(module: str) -> str | None:
-    """The version the controller-runtime peer's go.mod pins for `module`."""
-    for line in (HERE / "peers" / "crpeer" / "go.mod").read_text().splitlines():
-        parts = line.split()
-        if parts[:1] == [module] and len(parts) > 1:
-            return parts[1]
-    return None
-
-
 def metadata(args, cluster: BenchCluster, argv: list[str]) -> dict:
-    from tests.support import controlplane
     pins = dict(line.split("==", 1) for line in
                 footprint.KOPF_REQUIREMENTS.read_text().splitlines()
                 if "==" in line and not line.startswith("#"))
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/converge.py " + " ".join(shlex.quote(a) for a in argv),
-        "git": _git("rev-parse", "--short", "HEAD") + (" (+ uncommitted changes)"
-                                                      if _source_changed() else ""),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "memory_gib": round(os.sysconf("SC_PAGE_SIZE") *
-                                        os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-                    "load_average_at_start": os.getloadavg()},
-        "python": platform.python_version(),
-        "versions": {"kubernetes (control plane)": controlplane.K8S_VERSION,
-                     "etcd": controlplane.ETCD_VERSION, "kopf": pins.get("kopf"),
-                     "kubernetes (python client)": pins.get("kubernetes"),
-                     "controller-runtime (peer)": _go_requirement("sigs.k8s.io/controller-runtime"),
-                     "client-go (peer)": _go_requirement("k8s.io/client-go"),
-                     "go": _run(["go", "env", "GOVERSION"]),
-                     "binaries": cluster.binaries_source()},
-        "settings": {"sizes": args.sizes, "runs": args.runs, "operators": args.operators,
-                     "create_rate": args.rate, "full_runs": args.full_runs,
-                     "full_scenarios_for": args.full, "sweep_runs": args.sweep_runs,
-                     "floor_runs": args.floor_runs,
-                     "idle_seconds": args.idle_seconds, "latency_count": args.latency_count,
-                     "replicas_per_object": args.replicas,
-                     "load_threads": scenarios.Settings.load_threads,
-                     "write_counting": cluster.counter.source},
-    }
+    meta = harness.metadata("converge", argv, cluster, **{
+        "kopf": pins.get("kopf"), "kubernetes (python client)": pins.get("kubernetes"),
+        "client-go (peer)": harness.go_requirement("k8s.io/client-go"),
+        "go": _run(["go", "env", "GOVERSION"])})
+    meta["settings"] = {
+        "sizes": args.sizes, "runs": args.runs, "operators": args.operators,
+        "create_rate": args.rate, "full_runs": args.full_runs,
+        "full_scenarios_for": args.full, "sweep_runs": args.sweep_runs,
+        "floor_runs": args.floor_runs,
+        "idle_seconds": args.idle_seconds, "latency_count": args.latency_count,
+        "replicas_per_object": args.replicas,
+        "load_threads": scenarios.Settings.load_threads,
+        "write_counting": cluster.counter.source}
+    return meta
 
 
 def write_markdown(path: Path, data: dict) -> None:
@@ -587,7 +538,7 @@ def _analysis(data: dict, size: int, labels: dict) -> list[str]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench/converge.py", description=__doc__.split("\n\n")[0],
+        description=__doc__.split("\n\n")[0],
         epilog="`make bench` runs it with --idle-seconds 30 --no-footprint (13-22 minutes "
                "on 2 cores); --quick is a smoke run.")
     parser.add_argument("--sizes", default="1000",
@@ -635,19 +586,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     parser.add_argument("--no-footprint", action="store_true",
                         help="skip the install footprint (it builds three venvs)")
-    parser.add_argument("--cluster-dir", type=Path, default=None,
-                        help="attach to the control plane of `python -m "
-                             "tests.support.controlplane up` in this directory instead of "
-                             "starting one (requests are then counted from the apiserver's "
-                             "metrics, kube-controller-manager's included)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="results JSON (default: bench/results/converge.json; "
-                             "--pods-ready: bench/results/converge_ready.json)")
-    parser.add_argument("--markdown", type=Path, default=HERE / "RESULTS.converge.md")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help="only write the markdown report from an earlier results file")
-    parser.add_argument("--keep-logs", action="store_true",
-                        help="keep the operators' logs (their directory is printed)")
+    harness.add_output_arguments(
+        parser, markdown=HERE / "RESULTS.converge.md",
+        out_help="results JSON (default: bench/results/converge.json; --pods-ready: "
+                 "bench/results/converge_ready.json)")
     args = parser.parse_args(argv)
     if args.runs is None:
         args.runs = 1 if args.pods_ready else 2
@@ -675,19 +617,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    if args.from_json is not None:
-        data = json.loads(args.from_json.read_text())
-        if "loads" in data:                   # a --pods-ready results file
-            ready_report.splice(args.markdown, ready_report.section(data))
-        else:
-            write_markdown(args.markdown, data)
-        log(f"wrote {args.markdown} from {args.from_json}")
-        return 0
+    return harness.main(argv, parse_args, measure=measure, render=render, log=log)
+
+
+def render(args, data: dict) -> None:
+    if "loads" in data:                       # a --pods-ready results file
+        ready_report.splice(args.markdown, ready_report.section(data))
+    else:
+        write_markdown(args.markdown, data)
+
+
+def measure(args, argv: list[str]) -> tuple[dict, Path]:
+    """The bursts (and the full scenarios, the floor, the profile, the footprint)."""
     if args.pods_ready:
-        return main_ready(args, argv)
-    t_start = time.monotonic()
+        return measure_ready(args, argv)
     with session(args, argv, "converge") as (cluster, bench, data):
         raw: dict[str, dict[str, list]] = {op: {} for op in args.operators}
         labels = {}
@@ -738,12 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_footprint:
             log("install footprint")
             data["footprint"] = footprint.footprints()
-        data["meta"]["wall_seconds"] = time.monotonic() - t_start
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-        write_markdown(args.markdown, data)
-        log(f"done in {(time.monotonic() - t_start) / 60:.1f} min: {args.out}, {args.markdown}")
-        return 0
+        return data, args.out
 
 
 @contextlib.contextmanager
@@ -752,27 +690,14 @@ def session(args, argv: list[str], name: str):
     the run's metadata; the plane stopped and the work dir removed at the end."""
     if "kopf" in args.operators:
         footprint.ensure_kopf_venv()
-    work_dir = Path(tempfile.mkdtemp(prefix=f"my-controller-{name}-"))
-    cluster = BenchCluster(work_dir, attach_dir=args.cluster_dir, pods=True)
-    log("starting the control plane" if args.cluster_dir is None else
-        f"attaching to {args.cluster_dir}")
-    try:
-        cluster.start()
-        cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
+    with harness.control_plane(name, args, log, pods=True) as (cluster, work_dir):
         bench = Bench(args, cluster, work_dir)
         precompile(bench.python)
         yield cluster, bench, {"meta": metadata(args, cluster, argv)}
-    finally:
-        cluster.stop()
-        if args.keep_logs:
-            log(f"operator logs kept in {work_dir}")
-        else:
-            subprocess.run(["rm", "-rf", str(work_dir)], check=False)
 
 
-def main_ready(args, argv: list[str]) -> int:
+def measure_ready(args, argv: list[str]) -> tuple[dict, Path]:
     """--pods-ready: each load for each operator, taking turns, run after run."""
-    t_start = time.monotonic()
     with session(args, argv, "ready") as (cluster, bench, data):
         data["meta"]["settings"]["ready_loads"] = [l.key for l in args.ready_loads]
         data["meta"]["settings"]["fake_nodes"] = len(getattr(cluster.plane, "node_names", []))
@@ -801,13 +726,4 @@ def main_ready(args, argv: list[str]) -> int:
         data["ratios"] = report.ratios(raw, reference=reference)
         if HEADLINE in raw and reference in raw and HEADLINE != reference:
             data["goals"] = ready_report.goals(data, op=HEADLINE, reference=reference)
-        data["meta"]["wall_seconds"] = time.monotonic() - t_start
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-        ready_report.splice(args.markdown, ready_report.section(data))
-        log(f"done in {(time.monotonic() - t_start) / 60:.1f} min: {args.out}, {args.markdown}")
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return data, args.out

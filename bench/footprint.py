@@ -1,7 +1,7 @@
 """pip install footprint: the package installed from wheels into a clean virtualenv.
 
-    .venv/bin/python bench/footprint.py            # prints a markdown report
-    .venv/bin/python bench/footprint.py --write    # and writes bench/RESULTS.footprint.md
+    .venv/bin/python -m bench footprint            # prints a markdown report
+    .venv/bin/python -m bench footprint --write    # and writes bench/RESULTS.footprint.md
 
 How the package installs outside the image (the image itself is measured by
 bench/image_footprint.py). Steps: build our wheel and the dependencies' wheels from
@@ -170,7 +170,7 @@ def report(m: dict) -> str:
         "# pip install footprint (outside the image)",
         "",
         f"Measured {today} on Python {m['python']} ({platform.machine()}), with",
-        "`.venv/bin/python bench/footprint.py --write`: the package installed with pip",
+        "`.venv/bin/python -m bench footprint --write`: the package installed with pip",
         "in a clean virtualenv (wheels built by `pip wheel` from the repository,",
         "installed with `--no-index --no-cache-dir`). The image is measured in the",
         "section above.",
@@ -214,7 +214,3 @@ def main(argv=None) -> int:
     if args.write:
         RESULTS.write_text(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Coverage-guided fuzzing (atheris + libFuzzer) of the parsers that face the wire.
 
-    nice -n 19 python bench/fuzz.py TARGET --seconds 600     # one target
-    nice -n 19 python bench/fuzz.py all --seconds 600 --jobs 2
+    nice -n 19 python -m bench fuzz TARGET --seconds 600     # one target
+    nice -n 19 python -m bench fuzz all --seconds 600 --jobs 2
 
 Targets (RELIABILITY.md, "Malformed bytes from the wire"):
 
@@ -396,7 +396,7 @@ def fuzz_one(python: Path, target: str, args) -> dict:
     corpus, artifacts, dictionary = prepare(target)
     before = set(artifacts.iterdir())
     log = WORK / f"{target}.log"
-    argv = [str(python), str(Path(__file__).resolve()), "--run", target, "--",
+    argv = [str(python), "-m", "bench", "fuzz", "--run", target, "--",
             str(corpus), f"-max_total_time={args.seconds}", f"-timeout={args.timeout}",
             f"-rss_limit_mb={args.rss_limit_mb}", f"-max_len={MAX_LEN[target]}",
             f"-dict={dictionary}", f"-artifact_prefix={artifacts}/", "-print_final_stats=1",
@@ -481,7 +481,7 @@ def save(records: list[dict], args) -> None:
 
 
 def _command(args, record: dict) -> str:
-    return (f"nice -n 19 python bench/fuzz.py {args.target} --seconds {args.seconds}"
+    return (f"nice -n 19 python -m bench fuzz {args.target} --seconds {args.seconds}"
             + (f" --jobs {args.jobs}" if args.target == "all" else ""))
 
 
@@ -583,7 +583,3 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_record:
         save(ordered, args)
     return 1 if any(r["problem"] or r["exit_code"] for r in ordered) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Image footprint: the image `make image` builds, beside the same operator on a slim-like Python.
 
-    .venv/bin/python bench/image_footprint.py            # prints a markdown report
-    .venv/bin/python bench/image_footprint.py --write    # and writes bench/RESULTS.image.md
+    .venv/bin/python -m bench image_footprint            # prints a markdown report
+    .venv/bin/python -m bench image_footprint --write    # and writes bench/RESULTS.image_footprint.md
 
 Needs root (chroot, namespaces), the image (`make image`: build/*.oci.tar) and
 the control-plane binaries (`make testbin`); attaches to `make cluster`'s plane
@@ -45,18 +45,17 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from k8s_http.wire.client import ApiClient  # noqa: E402
-from k8s_http.config.cluster import load_config  # noqa: E402
-from k8s_http.core.objects import NAMESPACES  # noqa: E402
-from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, free_port, http_get,  # noqa: E402
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import load_config
+from k8s_http.core.objects import NAMESPACES
+from tests.e2e.operator_process import (MY, SA, SYSTEM_NS, free_port, http_get,
                                         install_manifests, is_available, kubeconfig_token,
                                         make_my)
-from tests.support.controlplane import ControlPlane, default_state_dir  # noqa: E402
-from tests.support.image_runtime import PodSandbox, UnpackedImage  # noqa: E402
+from tests.support.controlplane import ControlPlane, default_state_dir
+from tests.support.image_runtime import PodSandbox, UnpackedImage
 
-RESULTS = ROOT / "bench" / "RESULTS.image.md"
+RESULTS = ROOT / "bench" / "RESULTS.image_footprint.md"
 VERSION = "0.1.0"
 ARCHIVE = ROOT / "build" / f"my-controller-{VERSION}.oci.tar"
 ROOTFS_TAR = ROOT / "build" / "rootfs.tar"
@@ -80,8 +79,8 @@ def layer_sizes() -> dict[str, int]:
 def _kind(rel: str) -> str:
     if rel.startswith("usr/lib/python3/dist-packages/"):
         top = rel.split("/")[4]
-        if top.startswith(("k8s_http", "controller")) or top == "my":
-            return "the operator (controller.py, my, k8s_http), with bytecode"
+        if top.startswith(("k8s_http", "controller")):
+            return "the operator (controller.py, k8s_http), with bytecode"
         return "PyYAML + prometheus-client, with bytecode"
     if rel.startswith("usr/lib/python3.11/lib-dynload/"):
         return "standard library: extension modules"
@@ -310,7 +309,7 @@ def report(m: dict) -> str:
         "",
         f"Measured {m['date']} on {m['cpus']} shared CPUs (1-minute load average "
         f"{m['load'][0]:.1f} at the start, {m['load'][1]:.1f} at the end) with",
-        "`make image && sudo .venv/bin/python bench/image_footprint.py --write`",
+        "`make image && sudo .venv/bin/python -m bench image_footprint --write`",
         f"(image: Debian CPython {m['python_image']}; venv: host CPython {m['python_host']}).",
         "",
         "| image `localhost/my-controller:0.1.0` | size |",
@@ -371,9 +370,5 @@ def main(argv=None) -> int:
     print(text)
     if args.write:
         RESULTS.write_text(text)
-        (ROOT / "bench" / "results" / "image.json").write_text(json.dumps(m, indent=2) + "\n")
+        (ROOT / "bench" / "results" / "image_footprint.json").write_text(json.dumps(m, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The informer and worker pipeline: cache memory and queue throughput.
 
-    python bench/pipeline.py                 # full run, about 1-2 minutes
-    python bench/pipeline.py --objects 2000 --keys 5000     # quick
+    python -m bench pipeline                 # full run, about 1-2 minutes
+    python -m bench pipeline --objects 2000 --keys 5000     # quick
 
 1. memory: peak RSS of a process whose Informer lists N realistic Deployments
    (labels, annotations with last-applied-configuration, managedFields from two
@@ -35,7 +35,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
 
 WORKER_COUNTS = (1, 2, 4, 8, 16)
 MEMORY_CASES = ("baseline", "strip_managed_fields", "no_transform", "per_page_strip")
@@ -306,7 +305,8 @@ def run_memory(objects: int) -> list[dict]:
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
         for case in MEMORY_CASES:
             proc = subprocess.run(
-                [sys.executable, __file__, "--child-memory", case, "--url", server.url,
+                [sys.executable, "-m", "bench", "pipeline", "--child-memory", case,
+                 "--url", server.url,
                  "--namespace", namespace],
                 capture_output=True, text=True, timeout=300, cwd=ROOT)
             if proc.returncode != 0:
@@ -457,7 +457,7 @@ def main(argv=None) -> int:
         print(json.dumps(child_memory(args.url, args.child_memory, args.namespace)))
         return 0
 
-    command = "python bench/pipeline.py" + "".join(
+    command = "python -m bench pipeline" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     started = time.perf_counter()
     report = {
@@ -482,7 +482,3 @@ def main(argv=None) -> int:
     print(text)
     print(f"wrote {out} and {args.markdown} in {report['wall_seconds']} s", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Operators started over an existing, converged fleet: memory, start-up, writes, idle CPU.
 
-    python bench/scale.py                               # make bench-scale: 0, 1,000, 10,000 My
-    python bench/scale.py --sizes 0,1000 --operators ours-w4,cr-w4 --idle-seconds 10   # smoke
-    python bench/scale.py --sizes 0,1000,10000,30000,100000 --kopf-max-size 1000
-    python bench/scale.py --from-json bench/results/scale-<date>.json   # markdown only
-    python bench/scaling/plane.py up /tmp/scale-plane     # a plane that outlives the run:
-    python bench/scale.py --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
-    python bench/scale.py --cluster-dir DIR --sizes 0,1000,10000,30000,100000 --headless-services
+    python -m bench scale                               # make bench-scale: 0, 1,000, 10,000 My
+    python -m bench scale --sizes 0,1000 --operators ours-w4,cr-w4 --idle-seconds 10   # smoke
+    python -m bench scale --sizes 0,1000,10000,30000,100000 --kopf-max-size 1000
+    python -m bench scale --from-json bench/results/scale.json   # markdown only
+    python -m bench plane up /tmp/scale-plane     # a plane that outlives the run:
+    python -m bench scale --cluster-dir /tmp/scale-plane --sizes 30000 ...   # grown once, reused
+    python -m bench scale --cluster-dir DIR --sizes 0,1000,10000,30000,100000 --headless-services
                                                         # to 100,000 (a plane whose fleet has
                                                         # ClusterIP Services refuses the flag)
 
@@ -18,8 +18,8 @@ one fleet of converged `My` (bench/scaling/fleet.py: children rendered by
 controller.py itself, both statuses written) size by size, and at each size:
 
   bare      a fresh process reads what the informers read at start-up and keeps
-            nothing (bench/scaling/bare.py; paged list until issue 17a's
-            streaming helper is switched in there)
+            nothing (`python -m bench bare`, bench/scaling/bare.py: one streaming
+            list per resource, or --bare-mode paged)
   operators each in turn (the order reversed at every other size), a fresh process
             over the fleet's namespace: ready (ours "caches synced", then /readyz
             200 checked; the controller-runtime peer's "Starting workers", each
@@ -37,39 +37,30 @@ controller.py itself, both statuses written) size by size, and at each size:
 Per operator, the settled RSS over the sizes (size 0: the idle process) gives
 the per-object slope (least squares, KiB per My, its two children included).
 Goals of issue 17 are checked on ours and printed. Results:
-bench/results/scale-<date>.json and bench/RESULTS.scale.md.
+bench/results/scale.json (saved after each size, so an interrupted run leaves
+the sizes it measured) and bench/RESULTS.scale.md; earlier runs are in git's history.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
-import shlex
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
+from bench import converge, harness  # converge: its operator factory and peer build
+from bench.convergence import footprint
+from bench.convergence.cluster import BenchCluster
+from bench.convergence.operators import (OperatorProcess, OurOperator, KopfOperator,
+                                         precompile, python_env)
+from bench.scaling import analysis, report
+from bench.scaling import bare as bare_client
+from bench.scaling.fleet import Fleet, FleetMismatch
+from bench.scaling.plane import APISERVER_ARGS, plane_settings
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-for _path in (HERE, ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-import converge  # noqa: E402  (its operator factory, peer build and git helpers)
-from convergence import footprint  # noqa: E402
-from convergence.cluster import BenchCluster  # noqa: E402
-from convergence.operators import (OperatorProcess, OurOperator, KopfOperator,  # noqa: E402
-                                   precompile, python_env)
-from scaling import analysis, report  # noqa: E402
-from scaling import bare as bare_client  # noqa: E402
-from scaling.fleet import Fleet, FleetMismatch  # noqa: E402
-from scaling.plane import APISERVER_ARGS, plane_settings  # noqa: E402
-from tests.support import controlplane  # noqa: E402
 
 OPERATORS = ("ours-w4", "cr-w4", "kopf")
 HEADLINE, REFERENCE = converge.HEADLINE, converge.REFERENCE
@@ -82,8 +73,7 @@ KOPF_NAMESPACE = "scale-kopf"
 RESULTS = HERE / "results"
 MARKDOWN = HERE / "RESULTS.scale.md"
 
-def log(message: str) -> None:
-    print(f"[scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+log = harness.logger("scale")
 
 
 # ---------------------------------------------------------------- one operator, one size
@@ -156,12 +146,12 @@ def run_operator(bench: converge.Bench, cluster: BenchCluster, key: str, size: i
 
 
 def run_bare(cluster: BenchCluster, size: int, mode: str) -> dict:
-    """bench/scaling/bare.py as a fresh process: spawn-to-exit and in-process seconds."""
+    """`python -m bench bare` as a fresh process: spawn-to-exit and in-process seconds."""
     t0 = time.monotonic()
-    proc = subprocess.run([bench_python(), str(HERE / "scaling" / "bare.py"),
+    proc = subprocess.run([harness.bench_python(), "-m", "bench", "bare",
                            "--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE,
                            "--mode", mode], capture_output=True, text=True, check=False,
-                          env=python_env())
+                          env=python_env(), cwd=ROOT)
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-500:], "mode": mode}
@@ -208,11 +198,6 @@ def ready_once(bench: converge.Bench, size: int, timeout: float) -> float | None
         op.stop()
 
 
-def bench_python() -> str:
-    venv = ROOT / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
-
-
 # ---------------------------------------------------------------- the whole run
 
 def summarise(data: dict) -> None:
@@ -248,25 +233,6 @@ def summarise(data: dict) -> None:
                      if p.get("ready_seconds") and p.get("bare_seconds")])]
 
 
-def metadata(args, argv: list[str], cluster: BenchCluster) -> dict:
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/scale.py " + " ".join(shlex.quote(a) for a in argv),
-        "git": converge._git("rev-parse", "--short", "HEAD") + (
-            " (+ uncommitted changes)" if converge._source_changed() else ""),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "memory_gib": round(os.sysconf("SC_PAGE_SIZE") *
-                                        os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-                    "load_average_at_start": os.getloadavg()},
-        "python": platform.python_version(),
-        "versions": {"kubernetes (control plane)": controlplane.K8S_VERSION,
-                     "etcd": controlplane.ETCD_VERSION,
-                     "controller-runtime (peer)":
-                         converge._go_requirement("sigs.k8s.io/controller-runtime"),
-                     "binaries": cluster.binaries_source()},
-    }
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -278,16 +244,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="kopf only up to this size (default %(default)s)")
     p.add_argument("--bare-mode", default=bare_client.DEFAULT_MODE,
                    choices=sorted(bare_client.LISTERS),
-                   help="bench/scaling/bare.py's --mode: stream once issue 17a's "
-                        "bench/scale_bare.py is there, else paged (default %(default)s)")
+                   help="`python -m bench bare`'s --mode (default %(default)s)")
     p.add_argument("--threads", type=int, default=16, help="fleet-creating threads")
     p.add_argument("--headless-services", action="store_true",
                    help="grow the fleet with headless Services (clusterIP None): no ClusterIP "
                         "allocation, which the apiserver makes one at a time at a cost that "
                         "grows with the fleet; needed beyond ~30,000 (bench/scaling/fleet.py)")
-    p.add_argument("--cluster-dir", type=Path, default=None,
-                   help="attach to the plane `python bench/scaling/plane.py up DIR` runs, and "
-                        "reuse (and grow) the fleet earlier runs left there")
     p.add_argument("--ready-pairs", type=int, default=4, metavar="N",
                    help="at the largest size, N more back-to-back pairs of the bare client and "
                         f"{HEADLINE} to ready; the ready goal takes the median ratio "
@@ -299,12 +261,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timeout-seconds", type=float, default=180.0)
     p.add_argument("--timeout-per-my", type=float, default=0.02)
     p.add_argument("--compare-to", type=Path, default=None,
-                   help="an earlier scale-*.json: its slopes beside this run's (before/after)")
-    p.add_argument("--from-json", type=Path, default=None,
-                   help="only rewrite the markdown from this results file")
-    p.add_argument("--out", type=Path, default=None, help="default bench/results/scale-<date>.json")
-    p.add_argument("--markdown", type=Path, default=MARKDOWN)
-    p.add_argument("--keep-logs", action="store_true")
+                   help="an earlier results file (git show REV:bench/results/scale.json): its "
+                        "slopes beside this run's (before/after)")
+    harness.add_output_arguments(p, out_help="default bench/results/scale.json",
+                                 markdown=MARKDOWN)
     args = p.parse_args(argv)
     try:
         args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -320,36 +280,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    if args.from_json is not None:
-        data = json.loads(args.from_json.read_text())
-        if "goals" not in data:           # an interrupted run's partial file
-            summarise(data)
-        write_markdown(args, data)
-        return 0
-    t_start = time.monotonic()
+    return harness.main(argv, parse_args, measure=measure, render=render, log=log)
+
+
+def render(args, data: dict) -> None:
+    """RESULTS.scale.md from `data`, with --compare-to's slopes as the "before" row."""
+    if "goals" not in data:               # an interrupted run's partial file
+        summarise(data)
+    before = json.loads(args.compare_to.read_text()) if args.compare_to else None
+    report.write_markdown(args.markdown, data, before)
+
+
+def measure(args, argv: list[str]) -> tuple[dict, Path]:
+    """The fleet grown size by size; at each, the bare client and each operator over it."""
     plane_settings()
-    precompile(bench_python())
+    precompile(harness.bench_python())
     if "kopf" in args.operators:
         footprint.ensure_kopf_venv()
-    work_dir = Path(tempfile.mkdtemp(prefix="my-controller-scale-"))
-    # Pod-less by choice (as bench/scaling/plane.py): the fleet's Pods are not what is measured.
-    cluster = BenchCluster(work_dir, attach_dir=args.cluster_dir, apiserver_args=APISERVER_ARGS,
-                           pods=False)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
-    out = args.out or RESULTS / f"scale-{stamp}.json"
+    out = args.out or RESULTS / "scale.json"
     data: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v)
                                for k, v in vars(args).items()},
                   "fleet": [], "bare": {}, "runs": {}}
-    try:
-        log("starting the control plane (Deployment controller off)" if args.cluster_dir is None
-            else f"attaching to the control plane in {args.cluster_dir}")
-        cluster.start()
-        cluster.install_crd(ROOT / "manifests" / "base" / "crd.yaml")
+    # Pod-less by choice (as `python -m bench plane`): the fleet's Pods are not what is measured.
+    with harness.control_plane("scale", args, log, pods=False, apiserver_args=APISERVER_ARGS,
+                               what="the control plane (Deployment controller off)"
+                               ) as (cluster, work_dir):
         cluster.create_namespace(NAMESPACE)
         cluster.create_namespace(KOPF_NAMESPACE)
-        data["meta"] = metadata(args, argv, cluster)
+        data["meta"] = harness.metadata("scale", argv, cluster)
         bench = converge.Bench(argparse.Namespace(replicas=1, idle_seconds=args.idle_seconds,
                                                   latency_count=0, rate=0.0),
                                cluster, work_dir)
@@ -388,38 +346,12 @@ def main(argv: list[str] | None = None) -> int:
                     bench, cluster, size, args.ready_pairs, args.bare_mode,
                     args.timeout_seconds + size * args.timeout_per_my)
             data["fleet"][-1]["control_plane_rss_mib_after_operators"] = _plane_rss(cluster)
-            _save(out, data)                  # a partial file survives an interrupted run
-        summarise(data)
-        data["meta"]["wall_seconds"] = time.monotonic() - t_start
-        _save(out, data)
-        write_markdown(args, data)
-        for goal in data["goals"]:
-            log(report.goal_text(goal))
-        log(f"done in {(time.monotonic() - t_start) / 60:.1f} min: {out}, {args.markdown}")
-        return 0
-    finally:
-        cluster.stop()
-        if args.keep_logs:
-            log(f"logs kept in {work_dir}")
-        else:
-            subprocess.run(["rm", "-rf", str(work_dir)], check=False)
-
-
-def write_markdown(args, data: dict) -> None:
-    """RESULTS.scale.md from `data`, with --compare-to's slopes as the "before" row."""
-    before = json.loads(args.compare_to.read_text()) if args.compare_to else None
-    report.write_markdown(args.markdown, data, before)
-    log(f"wrote {args.markdown}")
+            harness.save(out, data)           # a partial file survives an interrupted run
+    summarise(data)
+    for goal in data["goals"]:
+        log(report.goal_text(goal))
+    return data, out
 
 
 def _plane_rss(cluster: BenchCluster) -> dict:
     return {name: (rss or 0) / analysis.MIB for name, rss in cluster.plane.rss_bytes().items()}
-
-
-def _save(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

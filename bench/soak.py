@@ -1,7 +1,7 @@
 """Soak: 200 `My`s under steady churn, through a fault-injecting proxy, on the local control plane.
 
-    .venv/bin/python bench/soak.py                   # 20 minutes, writes RESULTS.soak.md
-    .venv/bin/python bench/soak.py --minutes 3 --no-markdown    # a quick look
+    .venv/bin/python -m bench soak                   # 20 minutes, writes RESULTS.soak.md
+    .venv/bin/python -m bench soak --minutes 3 --no-markdown    # a quick look
 
 What runs:
 
@@ -34,10 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import json
-import os
-import platform
 import random
 import re
 import sys
@@ -50,18 +47,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.convergence.cluster import (BENCH_USER_AGENT, MY, OPERATOR_USER,  # noqa: E402
+from bench.convergence.cluster import (BENCH_USER_AGENT, MY, OPERATOR_USER,
                                        WRITE_VERBS, BenchCluster)
-from bench.convergence.operators import OurOperator  # noqa: E402
-from bench.convergence.scenarios import ENV_NAME, env_value as env_of  # noqa: E402
-from bench.scaling.analysis import fit_line  # noqa: E402
-from k8s_http.core.errors import K8sHttpError, NotFoundError  # noqa: E402
-from k8s_http.core.objects import DEPLOYMENTS, SERVICES  # noqa: E402
-from tests.support.faultproxy import FaultProxy, scenario  # noqa: E402
-from bench import soak_alloc  # noqa: E402
+from bench.convergence.operators import OurOperator
+from bench.convergence.scenarios import ENV_NAME, env_value as env_of
+from bench.scaling.analysis import fit_line
+from k8s_http.core.errors import K8sHttpError, NotFoundError
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES
+from tests.support.faultproxy import FaultProxy, scenario
+from bench import harness, soak_alloc
 
 NAMESPACE = "soak"
 RESULTS_JSON = HERE / "results" / "soak.json"
@@ -347,7 +341,8 @@ def proxied_namespace(cluster: BenchCluster, namespace: str, work: Path
 
 
 def run(args: argparse.Namespace) -> dict:
-    meta = _meta(args)          # at the start: the code that ran, not what HEAD is at the end
+    # at the start: the code that ran, not what HEAD is at the end
+    meta = harness.brief_metadata("soak", sys.argv[1:])
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="my-controller-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"soak: audit log, operator log and kubeconfig in {work}", flush=True)
@@ -477,24 +472,6 @@ def run(args: argparse.Namespace) -> dict:
         if proxy is not None:
             proxy.stop()
         cluster.stop()
-
-
-def _git(*argv: str) -> str:
-    import subprocess
-    proc = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True)
-    return proc.stdout.strip()
-
-
-def _meta(args) -> dict:
-    dirty = any(not line[3:].startswith(("bench/results/", "bench/RESULTS"))
-                for line in _git("status", "--porcelain").splitlines() if line.strip())
-    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            # a snapshot (git archive) has no .git: the runner names the commit
-            "git": (_git("rev-parse", "--short", "HEAD") or os.environ.get("BENCH_GIT", "?"))
-            + (" (+ uncommitted changes)" if dirty else ""),
-            "command": " ".join([".venv/bin/python bench/soak.py", *sys.argv[1:]]),
-            "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-            "python": platform.python_version(), "loadavg": os.getloadavg()}
 
 
 def _labels(key: str) -> dict[str, str]:
@@ -687,7 +664,3 @@ def main(argv: list[str] | None = None) -> int:
     end = data["end"]
     ok = not end["not_converged"] and not end["updates_lost"] and not data["process"]["restarts"]
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

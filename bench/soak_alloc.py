@@ -8,27 +8,24 @@ At the end `allocation_report` compares consecutive snapshots by source line:
 the sites that grew in each interval, the size of the largest growers in every
 snapshot, and the sites that grew in every interval (goal: none).
 
-    python bench/soak_alloc.py bench/results/soak.json     # redraw the SVGs from a run
+    python -m bench soak_alloc bench/results/soak.json     # redraw the SVGs from a run
 """
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import os
 import re
 import signal
-import sys
 import time
 import tracemalloc
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.convergence.traced import snapshot_path  # noqa: E402
+from bench.convergence.traced import snapshot_path
 
 MIB = 1024 * 1024
 # Allocations of the snapshot machinery itself, and of imports, are not the operator's.
@@ -235,12 +232,21 @@ def markdown(data: dict) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
-    source = Path(sys.argv[1] if len(sys.argv) > 1 else HERE / "results" / "soak.json")
+def main(argv: list[str]) -> int:
+    """Redraw the SVGs from a soak's JSON (default bench/results/soak.json); --reanalyse:
+    its allocation report again from the snapshot files, if they are still there."""
+    parser = argparse.ArgumentParser(description="Redraw the soak's SVGs from its JSON.")
+    parser.add_argument("source", type=Path, nargs="?", default=HERE / "results" / "soak.json")
+    parser.add_argument("--reanalyse", action="store_true",
+                        help="the allocation report again from the snapshot files, if they are "
+                             "still there (rewrites the JSON)")
+    args = parser.parse_args(argv)
+    source = args.source
     data = json.loads(source.read_text())
-    if "--reanalyse" in sys.argv:      # again from the snapshot files, if they are still there
+    if args.reanalyse:
         last = [i for i in data["intervals"] if i["pid"] == data["intervals"][-1]["pid"]]
         data["allocation"] = allocation_report(last, data["settings"]["warmup_minutes"] * 60)
         source.write_text(json.dumps(data, indent=1) + "\n")
     for written in write_svgs(data, source.parent):
         print(written)
+    return 0

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Start-up list: streaming (WatchList) against paged, for one informer over N objects.
 
-    python bench/startup_list.py --objects 20000 --repeat 2 --write
+    python -m bench startup_list --objects 20000 --repeat 2 --write
 
 Starts a local control plane (etcd + kube-apiserver, no controller manager;
 or uses --kubeconfig), creates N ConfigMaps of ~1 KiB in one namespace if they
 are not there yet, then, taking turns, runs in a fresh process per run:
 
-  bare       bench/scale_bare.py's measure(): the time to receive every object
+  bare       bench/scaling/bare.py's measure(): the time to receive every object
              by one streaming list (and by a paged list), keeping nothing
   informer   an Informer over the namespace, streaming_list True / False: time
              to has_synced, RSS after sync, peak RSS, and the Python heap
@@ -16,7 +16,7 @@ are not there yet, then, taking turns, runs in a fresh process per run:
 
 Prints JSON per run and a markdown table; --write also writes
 bench/results/startup_list.json and bench/RESULTS.startup_list.md (then run
-bench/collect_results.py). Absolute times move with the machine's load;
+`python -m bench collect_results`). Absolute times move with the machine's load;
 compare modes within one run, and CPU seconds more than wall seconds (the
 apiserver shares the machine: the wall time of one run moves 2-3x with load).
 """
@@ -37,8 +37,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 NAMESPACE = "bench-startup-list"
 
@@ -66,7 +64,7 @@ from k8s_http.wire.client import ApiClient
 from k8s_http.config.cluster import load_config
 from k8s_http.cache.informer import Informer
 from k8s_http.core.objects import CONFIGMAPS
-import scale_bare
+from bench.scaling import bare
 kubeconfig, namespace, mode, kind = sys.argv[1:5]
 client = ApiClient.from_config(load_config(kubeconfig))
 def status_kib(field):
@@ -80,10 +78,10 @@ out = {"mode": mode, "kind": kind}
 cpu0 = time.process_time()
 if kind == "bare":
     if mode == "streaming":
-        out.update(scale_bare.measure(client, CONFIGMAPS, namespace))
+        out.update(bare.measure(client, CONFIGMAPS, namespace))
     else:
         started = time.perf_counter()
-        out.update(objects=scale_bare._paged(client, CONFIGMAPS, namespace),
+        out.update(objects=bare.paged_list(client, CONFIGMAPS, namespace),
                    seconds=round(time.perf_counter() - started, 3))
 else:
     traced = kind == "informer-traced"
@@ -141,7 +139,7 @@ def ensure_fleet(kubeconfig: str, n: int) -> None:
 
 
 def run_child(kubeconfig: str, mode: str, kind: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", _CHILD, kubeconfig, NAMESPACE, mode, kind],
                           capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
@@ -206,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from tests.support import controlplane
         meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "command": "python bench/startup_list.py " + " ".join(
+                "command": "python -m bench startup_list " + " ".join(
                     shlex.quote(a) for a in argv_used),
                 "python": platform.python_version(), "kubernetes": controlplane.K8S_VERSION,
                 "load_average_at_end": os.getloadavg()}
@@ -221,7 +219,3 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.cpu_count()} CPUs. Each figure is the best of {args.repeat} runs, each in a "
             "fresh process, modes taking turns.\n\n" + md + "\n" + READING)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

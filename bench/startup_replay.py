@@ -2,8 +2,8 @@
 """Start-up CPU without the apiserver: the operator's informers against a bare decoder,
 over the same recorded streams.
 
-    python bench/startup_replay.py record --kubeconfig KC --namespace NS --out DIR
-    python bench/startup_replay.py replay DIR [--rounds 6]
+    python -m bench startup_replay record --kubeconfig KC --namespace NS --out DIR
+    python -m bench startup_replay replay DIR [--rounds 6]
 
 `record` reads the three streaming lists the operator's informers make at
 start-up (its `My`; its Deployments and Services, by the managed-by selector)
@@ -12,7 +12,7 @@ bytes to DIR/<plural>.jsonl: the watch events as the apiserver sent them.
 
 `replay` feeds those bytes, in one process, alternately to
 
-  bare   k8s_http.wire.client.WatchStream alone, every event decoded and dropped:
+  bare   k8s_http.client.WatchStream alone, every event decoded and dropped:
          what bench/scaling/bare.py's client does once bytes are off the socket;
   ours   the operator's three informers (controller.PROJECTIONS, the managed
          fields cut from the bytes, packing, the stores, the sync step, the
@@ -54,20 +54,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT / "bench", ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
-from controller import PROJECTIONS  # noqa: E402
-from k8s_http.wire.client import ApiClient, WatchStream  # noqa: E402
-from k8s_http.config.cluster import load_config  # noqa: E402
-from k8s_http.core.errors import K8sHttpError  # noqa: E402
-from k8s_http.cache.informer import Informer, own_key, owner_key  # noqa: E402
-from k8s_http.cache.store import Store  # noqa: E402
-from k8s_http.cache.watchstep import INITIAL_EVENTS_END  # noqa: E402
-from k8s_http.control.workqueue import WorkQueue  # noqa: E402
-from my.spec import MY  # noqa: E402
-from scaling import bare as bare_client  # noqa: E402
+from controller import PROJECTIONS
+from my.spec import MY
+from k8s_http.wire.client import ApiClient, WatchStream
+from k8s_http.config.cluster import load_config
+from k8s_http.core.errors import K8sHttpError
+from k8s_http.cache.informer import Informer, own_key, owner_key
+from k8s_http.cache.store import Store
+from k8s_http.cache.watchstep import INITIAL_EVENTS_END
+from k8s_http.control.workqueue import WorkQueue
+from bench.scaling import bare as bare_client
 
 # What the operator's informers read at start-up (the bare client's reads), with
 # the key mapper each informer hands its objects to: resource, label selector, mapper.
@@ -303,7 +300,3 @@ def main(argv: list[str] | None = None) -> int:
           f"ours {statistics.median(result['ours_seconds']) / objects * 1e6:.1f} us an object, "
           f"bare {statistics.median(result['bare_seconds']) / objects * 1e6:.1f}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Watch decoding throughput: our client against the official one and the ceiling.
 
-    python bench/watch_decode.py --events 100000
+    python -m bench watch_decode --events 100000
 
 Generates realistic watch events (~1.6 KB Deployments with labels,
 annotations and managedFields, plus a bookmark every 1000 events), frames them
@@ -405,10 +405,11 @@ def run_mode(mode: str, port: int, data_dir: Path, *, max_events: int,
              timeout_seconds: float) -> dict:
     python = peers_python() if mode in PEERS else Path(sys.executable)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([str(python), str(Path(__file__).resolve()), "--measure", mode,
+    proc = subprocess.run([str(python), "-m", "bench", "watch_decode", "--measure", mode,
                            "--port", str(port), "--data", str(data_dir),
                            "--max-events", str(max_events)],
-                          capture_output=True, text=True, env=env, timeout=timeout_seconds)
+                          capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=timeout_seconds)
     if proc.returncode:
         raise RuntimeError(f"{mode} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -597,8 +598,8 @@ def main(argv=None) -> int:
         (data_dir / PAYLOAD_FILE).write_bytes(b"".join(line + b"\n" for line in lines))
         (data_dir / FRAMED_FILE).write_bytes(framed)
         del lines, framed
-        server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve",
-                                   "--data", str(data_dir)],
+        server = subprocess.Popen([sys.executable, "-m", "bench", "watch_decode", "--serve",
+                                   "--data", str(data_dir)], cwd=ROOT,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             port = int(server.stdout.readline())
@@ -625,7 +626,7 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "watch_decode",
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": " ".join(["python bench/watch_decode.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python -m bench watch_decode", *(argv if argv is not None else sys.argv[1:])]),
         "events": args.events,
         "official_events": official_events,
         "payload_bytes": payload_bytes,
@@ -662,7 +663,3 @@ def main(argv=None) -> int:
     print(f"\nwritten {args.output.relative_to(ROOT) if args.output.is_relative_to(ROOT) else args.output}"
           f" in {report['elapsed_seconds']} s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Memory kept per write: RSS of an operator that created N My's children itself vs one
 started over the same converged fleet (issue 17: "nothing kept per write").
 
-    python bench/write_memory.py --sizes 1000,5000 [--diagnose] [--out FILE.json]
+    python -m bench write_memory --sizes 1000,5000 [--diagnose] [--out FILE.json]
 
 For each size, on a fresh local control plane with no kube-controller-manager (so no
 Deployment controller, no ReplicaSets or Pods; the Deployments' status stays empty):
@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+RESULTS_JSON = ROOT / "bench" / "results" / "write_memory.json"
+RESULTS_MD = ROOT / "bench" / "RESULTS.write_memory.md"
 
 QUIET = 5.0
 KIB = 1024
@@ -206,7 +207,7 @@ def _operator_class():
             if not self.diagnose:
                 return argv
             mode = ["--operator"] + (["--tracemalloc"] if self.trace else [])
-            return [self.python, str(Path(__file__).resolve()), *mode, "--", *argv[2:]]
+            return [self.python, "-m", "bench", "write_memory", *mode, "--", *argv[2:]]
 
         def memreport(self) -> dict | None:
             if not self.diagnose:
@@ -424,6 +425,28 @@ def cache_only(size: int) -> dict:
     return out
 
 
+def markdown(data: dict | list) -> str:
+    """RESULTS.write_memory.md: a row per run, every figure from `data` (a file --out
+    wrote, a list of runs; or {"command", "note", "runs": {label: run}} gathering runs
+    of several commits)."""
+    if isinstance(data, list):
+        data = {"runs": {f"size {r['size']:,}": r for r in data}}
+    lines = ["## Memory kept per write (`python -m bench write_memory`)", ""]
+    if data.get("command"):
+        lines += [f"    {data['command']}", ""]
+    if data.get("note"):
+        lines += [data["note"], ""]
+    lines += ["KB per My = (RSS - the same process's idle RSS) / N, kB = 1000 bytes: the My "
+              "and its two children. *created*: the operator that created the children "
+              "itself; *started*: a new operator over the same converged fleet.", "",
+              "| run | My | created: kB per My | started: kB per My | created ÷ started RSS |",
+              "|---|---:|---:|---:|---:|"]
+    for label, run in data["runs"].items():
+        lines.append(f"| {label} | {run['size']:,} | {run['created_kb_per_my']:.1f} | "
+                     f"{run['started_kb_per_my']:.1f} | {run['ratio_created_to_started']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--operator"]:
@@ -440,10 +463,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds before the second RSS reading of the 'created' process")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help=f"only write the markdown (--markdown) from a results file, "
+                             f"e.g. {RESULTS_JSON.relative_to(ROOT)}")
+    parser.add_argument("--markdown", type=Path, default=RESULTS_MD)
     parser.add_argument("--cache-only", action="store_true",
                         help="only the caches' Python heap per My (tracemalloc), no control plane")
     args = parser.parse_args(argv)
     args.diagnose = args.diagnose or args.tracemalloc
+    if args.from_json:
+        args.markdown.write_text(markdown(json.loads(args.from_json.read_text())))
+        print(f"wrote {args.markdown}", file=sys.stderr)
+        return 0
     if args.cache_only:
         for size in [int(s) for s in args.sizes.split(",")]:
             print(json.dumps(cache_only(size)), flush=True)
@@ -462,7 +493,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

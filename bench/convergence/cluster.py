@@ -20,24 +20,21 @@ import json
 import os
 import re
 import ssl
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import yaml  # the project's own dependency
+
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import load_config
+from k8s_http.core.errors import ConflictError, NotFoundError
+from k8s_http.core.objects import CRDS, NAMESPACES, Resource
+from tests.support.controlplane import ControlPlane, ControlPlaneError
+
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import yaml  # noqa: E402  (the project's own dependency)
-
-from k8s_http.wire.client import ApiClient  # noqa: E402
-from k8s_http.config.cluster import load_config  # noqa: E402
-from k8s_http.core.errors import ConflictError, NotFoundError  # noqa: E402
-from k8s_http.core.objects import CRDS, NAMESPACES, Resource  # noqa: E402
-from tests.support.controlplane import ControlPlane, ControlPlaneError  # noqa: E402
 
 BENCH_USER_AGENT = "my-controller-bench/converge"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

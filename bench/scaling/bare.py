@@ -1,21 +1,28 @@
-#!/usr/bin/env python3
 """The bare-client baseline: read what the operator's informers read at start-up, keep nothing.
 
-    python bench/scaling/bare.py --kubeconfig K --namespace NS [--mode paged]
+    python -m bench bare --kubeconfig K --namespace NS [--mode paged]
 
 Lists the namespace's `My`, and its Deployments and Services carrying the
-operator's managed-by label (my.spec.MANAGED_SELECTOR: the operator's own
+operator's managed-by label (controller.MANAGED_SELECTOR: the operator's own
 selectors), one thread per resource as the operator's informers do, with
 k8s_http's client. Prints one JSON line: items per resource and seconds from
-the first request to the last item. bench/scale.py runs it as a fresh process
-and times it from spawn to exit too, as it times an operator from spawn to ready.
+the first request to the last item. `python -m bench scale` runs it as a fresh
+process and times it from spawn to exit too, as it times an operator from spawn
+to ready; `python -m bench startup_list` and `startup_replay` use its pieces.
 
-The seam: LISTERS maps a mode to a function (client, resource, namespace,
-label_selector) -> items read. "paged" is the paged list every client has
-(500 per page, each page parsed whole, then dropped). "stream" is issue 17a's
-bench/scale_bare.py (a watch with sendInitialEvents=true up to the
-initial-events-end bookmark, paged where refused): registered, and the default,
-as soon as that module can be imported; until then "paged" is all there is.
+"Bare" is k8s_http's own transport and decoder and nothing else. Two modes
+(LISTERS: a function (client, resource, namespace, label_selector) -> items read):
+
+  stream  one streaming list (a watch with sendInitialEvents=true,
+          resourceVersionMatch=NotOlderThan, as the informers make it), each event
+          parsed into a dict and dropped, up to the k8s.io/initial-events-end
+          bookmark; where the apiserver does not stream lists (refused, or ignored:
+          any event other than an initial ADDED before the end bookmark) the paged
+          list instead. It takes no label selector: in the fleet's namespace every
+          Deployment and Service carries the operator's label, so it reads the same
+          objects. The default.
+  paged   the paged list every client has (500 a page, as the informers fall back
+          to), each page parsed whole, its items dropped as it arrives.
 """
 
 from __future__ import annotations
@@ -25,56 +32,81 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from convergence.cluster import BENCH_USER_AGENT  # noqa: E402
-from k8s_http.wire.client import ApiClient  # noqa: E402
-from k8s_http.config.cluster import load_config  # noqa: E402
-from k8s_http.core.errors import K8sHttpError  # noqa: E402
-from k8s_http.core.objects import DEPLOYMENTS, SERVICES  # noqa: E402
-from my.spec import MANAGED_SELECTOR, MY  # noqa: E402
+from bench.convergence.cluster import BENCH_USER_AGENT
+from my.spec import MANAGED_SELECTOR, MY
+from k8s_http.wire.client import ApiClient
+from k8s_http.config.cluster import load_config
+from k8s_http.core.errors import ApiError, K8sHttpError
+from k8s_http.core.objects import DEPLOYMENTS, SERVICES, Resource
+from k8s_http.cache.watchstep import INITIAL_EVENTS_END
 
 PAGE_SIZE = 500
 # The bench's own prefix: the audit-log counter never takes these reads for the operator's.
 USER_AGENT = BENCH_USER_AGENT + "-bare"
 
 
-def paged_list(client: ApiClient, resource, namespace: str, label_selector: str | None) -> int:
+class NotStreaming(Exception):
+    """The apiserver refused or ignored the streaming list."""
+
+
+def paged_list(client: ApiClient, resource: Resource, namespace: str | None,
+               label_selector: str | None = None) -> int:
     """Items read by a paged list; each item is dropped as its page arrives."""
     count = 0
 
-    def drop(_item: dict) -> dict:
+    def drop(_item: dict) -> None:
         nonlocal count
-        count += 1
-        return {}
+        count += 1               # None is not a dict: the merged list keeps nothing
 
     client.list(resource, namespace=namespace, label_selector=label_selector,
                 limit=PAGE_SIZE, transform=drop)
     return count
 
 
-def streaming_list(client: ApiClient, resource, namespace: str, label_selector: str | None) -> int:
-    """Issue 17a's bench/scale_bare.measure: one streaming list (sendInitialEvents) up to
-    its end bookmark, events dropped; it times a paged list itself where the apiserver
-    refuses to stream. It takes no label selector: in the fleet's namespace every
-    Deployment and Service carries the operator's label, so it reads the same objects."""
-    from scale_bare import measure       # bench/scale_bare.py (issue 17a)
+def _stream(client: ApiClient, resource: Resource, namespace: str | None) -> int:
+    """Objects received by one streaming list, up to its end bookmark."""
+    objects = 0
+    try:
+        with client.watch(resource, namespace=namespace, send_initial_events=True,
+                          timeout_seconds=600) as events:
+            for event in events:
+                if event.type == "ADDED":
+                    objects += 1
+                    continue
+                annotations = event.object.get("metadata", {}).get("annotations") or {}
+                if event.type == "BOOKMARK" and annotations.get(INITIAL_EVENTS_END) == "true":
+                    return objects
+                raise NotStreaming(f"a {event.type} event before the end bookmark")
+    except ApiError as err:
+        if err.code in (400, 403, 422):
+            raise NotStreaming(str(err)) from None
+        raise
+    raise NotStreaming("the stream ended before the end bookmark")
+
+
+def measure(client: ApiClient, resource: Resource, namespace: str | None = None) -> dict:
+    """{"mode": "streaming" | "paged", "objects": n, "seconds": wall time to receive them}:
+    the streaming list, or the paged one where the apiserver does not stream."""
+    started = time.perf_counter()
+    try:
+        objects = _stream(client, resource, namespace)
+        mode = "streaming"
+    except NotStreaming:
+        started = time.perf_counter()
+        objects = paged_list(client, resource, namespace)
+        mode = "paged"
+    return {"mode": mode, "objects": objects, "seconds": round(time.perf_counter() - started, 4)}
+
+
+def streaming_list(client: ApiClient, resource: Resource, namespace: str,
+                   label_selector: str | None) -> int:
+    """`measure`'s objects: the label selector is not needed (see the module's doc)."""
     return measure(client, resource, namespace)["objects"]
 
 
-LISTERS = {"paged": paged_list}
-try:                                      # present once issue 17a's branch is merged
-    import scale_bare  # noqa: F401
-except ImportError:
-    DEFAULT_MODE = "paged"
-else:
-    LISTERS["stream"] = streaming_list
-    DEFAULT_MODE = "stream"
+LISTERS = {"stream": streaming_list, "paged": paged_list}
+DEFAULT_MODE = "stream"
 READS = ((MY, None), (DEPLOYMENTS, MANAGED_SELECTOR), (SERVICES, MANAGED_SELECTOR))
 
 
@@ -117,7 +149,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

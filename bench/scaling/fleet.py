@@ -34,8 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from convergence.cluster import MY
-from convergence.scenarios import my_object
+from bench.convergence.cluster import MY
+from bench.convergence.scenarios import my_object
 from k8s_http.wire.client import ApiClient
 from k8s_http.core.errors import AlreadyExistsError, NotFoundError
 from k8s_http.core.objects import DEPLOYMENTS, SERVICES, rfc3339_now

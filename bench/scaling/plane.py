@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The scale bench's control plane, and a long-lived one whose fleet outlives a run.
 
-    python bench/scaling/plane.py up DIR        # start it detached (prints the kubeconfig)
-    python bench/scale.py --cluster-dir DIR --sizes 30000 ...   # grows the fleet, keeps it
-    python bench/scale.py --cluster-dir DIR --sizes 30000 ...   # again: no growing
-    python bench/scaling/plane.py down DIR
+    python -m bench plane up DIR        # start it detached (prints the kubeconfig)
+    python -m bench scale --cluster-dir DIR --sizes 30000 ...   # grows the fleet, keeps it
+    python -m bench scale --cluster-dir DIR --sizes 30000 ...   # again: no growing
+    python -m bench plane down DIR
 
 Settings (module constants of tests/support/controlplane.py, which it reads when
 it starts etcd and kube-controller-manager, plus flags):
@@ -25,17 +25,12 @@ create costs O(Services): in one run the fleet grew at 79 My/s up to 1,000,
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-for _path in (HERE.parent, ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from convergence.cluster import bench_control_plane  # noqa: E402
-from tests.support import controlplane  # noqa: E402
+from bench.convergence.cluster import bench_control_plane
+from tests.support import controlplane
 
 # The controllers kept: ownerReference cascades, namespaces, ServiceAccounts.
 KCM_CONTROLLERS = tuple(c for c in controlplane.KCM_CONTROLLERS
@@ -63,18 +58,18 @@ def supervised_plane(state_dir: Path) -> controlplane.ControlPlane:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("up", "down", "run"):
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
-        return 2
-    command, state_dir = argv[0], Path(argv[1]).resolve()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("up", "down", "run"),
+                        help="start it detached, stop it, or run it in the foreground")
+    parser.add_argument("dir", type=Path, help="its state directory")
+    args = parser.parse_args(argv)
+    command, state_dir = args.command, args.dir.resolve()
     plane_settings()
     if command == "up":
         return controlplane._cmd_up(
-            state_dir, [sys.executable, str(Path(__file__).resolve()), "run", str(state_dir)])
+            state_dir, [sys.executable, "-m", "bench", "plane", "run", str(state_dir)])
     if command == "down":
         return controlplane._cmd_down(state_dir)
     return controlplane._serve_forever(state_dir, supervised_plane)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

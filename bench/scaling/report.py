@@ -104,7 +104,7 @@ def write_markdown(path: Path, data: dict, before: dict | None = None) -> None:
     largest = sizes[-1] if sizes else "0"
     slopes = data.get("slopes", {})
     out = ["## Scale: operators started over an existing, converged fleet", "",
-           f"    {meta.get('command', 'python bench/scale.py')}", "", _provenance(meta), ""]
+           f"    {meta.get('command', 'python -m bench scale')}", "", _provenance(meta), ""]
     planned = [str(s) for s in settings.get("sizes", [])]
     if planned and planned != sizes:
         out += [f"**Stopped early**: sizes measured {', '.join(f'{int(s):,}' for s in sizes)} "
@@ -131,9 +131,8 @@ def write_markdown(path: Path, data: dict, before: dict | None = None) -> None:
            "controller-runtime peer. The *bare client* is bench/scaling/bare.py, a fresh "
            f"process reading the same three lists at once and keeping nothing, mode "
            f"`{settings.get('bare_mode', 'paged')}`"
-           + (" (paged, 500 per page: issue 17a's streaming-list helper, bench/scale_bare.py, "
-              "was not there)" if settings.get("bare_mode", "paged") == "paged" else
-              " (issue 17a's bench/scale_bare.py: one streaming list per resource, or a paged "
+           + (" (paged, 500 per page)" if settings.get("bare_mode", "paged") == "paged" else
+              " (one streaming list per resource, or a paged "
               "list where the apiserver refuses to stream)") + "."
            + (" The fleet's Services are headless (`clusterIP: None`, --headless-services): "
               "the apiserver allocates ClusterIPs one at a time at a cost that grows with "

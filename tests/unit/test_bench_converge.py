@@ -9,18 +9,13 @@ these tests only pin the arithmetic its report rests on.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-from convergence import report  # noqa: E402
-from convergence.cluster import BENCH_USER_AGENT, AuditLog  # noqa: E402
-from convergence.perobject import PerObject, _quantile, agrees  # noqa: E402
-from convergence.scenarios import converged, env_value, server_ms, status_current  # noqa: E402
+from bench.convergence import report
+from bench.convergence.cluster import BENCH_USER_AGENT, AuditLog
+from bench.convergence.perobject import PerObject, _quantile, agrees
+from bench.convergence.scenarios import converged, env_value, server_ms, status_current
 
 
 def _audit(verb, resource, *, user="admin", agent="my-controller/0.1", sub=None, code=200,
@@ -118,14 +113,14 @@ def test_env_value_reads_the_app_container():
 
 
 def test_the_watch_decode_section_takes_every_ratio_from_its_report():
-    import watch_decode
+    from bench import watch_decode
 
     def mode(name, cpu_us):
         return {"mode": name, "label": name, "runs": 3, "events_per_second_best": 1e6 / cpu_us,
                 "events_per_second_median": 1e6 / cpu_us,
                 "cpu_seconds_per_event_best": cpu_us / 1e6,
                 "cpu_seconds_per_event_median": cpu_us / 1e6}
-    report_ = {"date": "2026-11-30T00:00:00Z", "command": "python bench/watch_decode.py",
+    report_ = {"date": "2026-11-30T00:00:00Z", "command": "python -m bench watch_decode",
                "elapsed_seconds": 50.0, "events": 1000, "official_events": 200,
                "payload_bytes": 2_000_000, "mean_event_bytes": 2000,
                "machine": {"cpus": 2, "loadavg_1m": 0.5},
@@ -212,7 +207,7 @@ def test_nearest_rank_quantile_is_a_measured_value():
 
 
 def test_startup_list_table_takes_the_best_run_per_mode_and_their_ratio():
-    import startup_list
+    from bench import startup_list
     runs = [{"mode": "streaming", "kind": "bare", "seconds": 2.0, "cpu_seconds": 0.3},
             {"mode": "streaming", "kind": "bare", "seconds": 1.0, "cpu_seconds": 0.4},
             {"mode": "paged", "kind": "bare", "seconds": 4.0, "cpu_seconds": 0.5}]
@@ -223,7 +218,7 @@ def test_startup_list_table_takes_the_best_run_per_mode_and_their_ratio():
 
 
 def test_our_operator_command_line_and_environment(tmp_path, monkeypatch):
-    from convergence import operators
+    from bench.convergence import operators
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     op = operators.OurOperator(tmp_path / "kubeconfig", "ns", tmp_path,
                                workers=4, python="python3")
@@ -233,3 +228,14 @@ def test_our_operator_command_line_and_environment(tmp_path, monkeypatch):
     assert op.ready_pattern.search('{"msg":"caches synced; starting workers"}')
     # Bytecode is written and reused, as a deployed image has it precompiled.
     assert "PYTHONDONTWRITEBYTECODE" not in operators.python_env(A="1")
+
+
+def test_write_memory_markdown_has_a_row_per_run_from_either_form_of_its_results():
+    from bench import write_memory
+    run = {"size": 5000, "created_kb_per_my": 3.35, "started_kb_per_my": 1.99,
+           "ratio_created_to_started": 1.1505}
+    row = "| 5,000 | 3.4 | 2.0 | 1.15 |"
+    assert f"| size 5,000 {row}" in write_memory.markdown([run])          # what --out writes
+    gathered = write_memory.markdown({"command": "python -m bench write_memory --sizes 5000",
+                                      "note": "two commits", "runs": {"after @ 5000": run}})
+    assert f"| after @ 5000 {row}" in gathered and "two commits" in gathered

@@ -3,16 +3,11 @@ results file says how each run stopped."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench import fuzz  # noqa: E402
-from k8s_http.config.configerror import ConfigError  # noqa: E402
-from k8s_http.config.kubeconfig import read_kubeconfig  # noqa: E402
-from k8s_http.wire.watchproto import ChunkedDecoder, LineDecoder  # noqa: E402
+from bench import fuzz
+from k8s_http.config.configerror import ConfigError
+from k8s_http.config.kubeconfig import read_kubeconfig
+from k8s_http.wire.watchproto import ChunkedDecoder, LineDecoder
 
 
 def test_chunked_seeds_are_whole_valid_bodies():
@@ -50,7 +45,7 @@ def _record(target, **kw):
             "load_at_start": 5.0, "seconds_asked": 600, "seconds": 600, "execs": 1234567,
             "execs_per_second": 2057, "corpus_files": 88, "coverage": 61, "features": 352,
             "peak_rss_mb": 60, "exit_code": 0, "artifacts": [], "problem": "", "timeout": 10,
-            "command": "nice -n 19 python bench/fuzz.py all --seconds 600 --jobs 2",
+            "command": "nice -n 19 python -m bench fuzz all --seconds 600 --jobs 2",
             "atheris": "3.0.0", "pyyaml": "6.0.4", "python": "3.11.7"}
     return dict(base, **kw)
 

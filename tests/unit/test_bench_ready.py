@@ -4,15 +4,10 @@ kept in RESULTS.converge.md. The measurement itself needs the plane with Pods.""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-from convergence import ready, ready_report, report  # noqa: E402
+from bench.convergence import ready, ready_report, report
 
 
 def test_loads_parse_one_at_a_time_and_rates():

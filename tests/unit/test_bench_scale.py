@@ -7,23 +7,14 @@ the arithmetic and the rendering its report rests on. No timing is asserted.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
-for _path in (BENCH, ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from convergence.operators import reconcile_total  # noqa: E402
-from scaling import analysis, report  # noqa: E402
-from scaling.fleet import Growth, finished_rollout_status, fleet_name, fleet_service  # noqa: E402
-from k8s_http import needs_apply  # noqa: E402
-from my.render import render_deployment, render_service  # noqa: E402
-from my.status import AVAILABLE, desired_status, status_changed  # noqa: E402
+from bench.convergence.operators import reconcile_total
+from bench.scaling import analysis, report
+from bench.scaling.fleet import Growth, finished_rollout_status, fleet_name, fleet_service
+from k8s_http import needs_apply
+from my.render import render_deployment, render_service
+from my.status import AVAILABLE, desired_status, status_changed
 
 METRICS = """\
 # HELP controller_runtime_reconcile_total Total number of reconciliations per controller
@@ -200,7 +191,7 @@ def _run(ready, settled, writes=0, **extra):
 
 def test_markdown_has_slopes_goals_and_the_before_column(tmp_path):
     data = {
-        "meta": {"command": "python bench/scale.py --sizes 0,1000", "date": "2026-12-01",
+        "meta": {"command": "python -m bench scale --sizes 0,1000", "date": "2026-12-01",
                  "git": "abc1234", "machine": {"load_average_at_start": [1.0, 2.0, 3.0],
                                                "cpus": 2, "memory_gib": 24},
                  "python": "3.11", "versions": {"etcd": "v3"}},
@@ -216,7 +207,7 @@ def test_markdown_has_slopes_goals_and_the_before_column(tmp_path):
         "runs": {"0": {"ours-w4": _run(0.4, 30.0), "cr-w4": _run(0.3, 28.0)},
                  "1000": {"ours-w4": _run(0.6, 40.0, writes=3), "cr-w4": _run(0.5, 36.0)}},
     }
-    import scale
+    from bench import scale
     scale.summarise(data)
     assert data["slopes"]["ours-w4"]["kib_per_my"] == pytest.approx(10.24)
     assert data["slopes"]["cr-w4"]["kib_per_my"] == pytest.approx(8.192)
@@ -239,7 +230,7 @@ def test_markdown_of_a_run_stopped_early_says_which_sizes_it_has(tmp_path):
                          "settle_seconds": 10.0, "idle_seconds": 30.0},
             "fleet": [], "bare": {},
             "runs": {"0": {"ours-w4": _run(0.4, 30.0)}, "1000": {"ours-w4": _run(0.6, 40.0)}}}
-    import scale
+    from bench import scale
     scale.summarise(data)
     out = tmp_path / "RESULTS.scale.md"
     report.write_markdown(out, data)
@@ -249,33 +240,19 @@ def test_markdown_of_a_run_stopped_early_says_which_sizes_it_has(tmp_path):
 
 # ---------------------------------------------------------------- the bare-client seam
 
-def test_bare_client_is_paged_until_the_streaming_helper_is_importable(monkeypatch):
-    import importlib
-    import types
-
-    from scaling import bare
-    monkeypatch.setitem(sys.modules, "scale_bare", None)     # import fails
-    bare = importlib.reload(bare)
-    assert (bare.DEFAULT_MODE, sorted(bare.LISTERS)) == ("paged", ["paged"])
-
+def test_the_bare_client_streams_by_default_and_drops_the_selector(monkeypatch):
+    from bench.scaling import bare
     calls = []
-    helper = types.ModuleType("scale_bare")
-    helper.measure = lambda client, resource, namespace=None: (
+    monkeypatch.setattr(bare, "measure", lambda client, resource, namespace=None: (
         calls.append((client, resource, namespace)) or {"mode": "streaming", "objects": 7,
-                                                         "seconds": 0.1})
-    monkeypatch.setitem(sys.modules, "scale_bare", helper)
-    bare = importlib.reload(bare)
-    try:
-        assert bare.DEFAULT_MODE == "stream" and sorted(bare.LISTERS) == ["paged", "stream"]
-        assert bare.LISTERS["stream"]("client", "my", "ns", "a=b") == 7
-        assert calls == [("client", "my", "ns")]
-    finally:
-        monkeypatch.delitem(sys.modules, "scale_bare")
-        importlib.reload(bare)
+                                                         "seconds": 0.1}))
+    assert bare.DEFAULT_MODE == "stream" and sorted(bare.LISTERS) == ["paged", "stream"]
+    assert bare.LISTERS["stream"]("client", "my", "ns", "a=b") == 7
+    assert calls == [("client", "my", "ns")]
 
 
 def test_a_reused_fleet_is_taken_over_and_its_last_threads_are_made_again():
-    from scaling.fleet import Fleet
+    from bench.scaling.fleet import Fleet
 
     class Listing:
         def __init__(self, names):
@@ -300,7 +277,7 @@ def test_a_reused_fleet_is_taken_over_and_its_last_threads_are_made_again():
 
 
 def test_a_reused_fleet_of_other_services_than_asked_for_is_refused():
-    from scaling.fleet import Fleet, FleetMismatch
+    from bench.scaling.fleet import Fleet, FleetMismatch
     from k8s_http.core.errors import NotFoundError
 
     class Plane:
@@ -327,7 +304,7 @@ def test_a_reused_fleet_of_other_services_than_asked_for_is_refused():
 
 
 def test_the_ready_pairs_alternate_who_goes_first(monkeypatch):
-    import scale
+    from bench import scale
     runs = []
     monkeypatch.setattr(scale, "run_bare", lambda *_: runs.append("bare") or {"seconds": 2.0})
     monkeypatch.setattr(scale, "ready_once", lambda *_: runs.append("ours") or 3.0)

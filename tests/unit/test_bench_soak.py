@@ -7,14 +7,9 @@ arithmetic its report rests on.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.convergence.cluster import BENCH_USER_AGENT  # noqa: E402
-from bench.soak import _labels, audit_figures, slope_per_hour  # noqa: E402
+from bench.convergence.cluster import BENCH_USER_AGENT
+from bench.soak import _labels, audit_figures, slope_per_hour
 
 
 def _event(verb, resource, name, at, *, agent="my-controller/0.1", sub=None):

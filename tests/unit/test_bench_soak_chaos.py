@@ -12,20 +12,14 @@ from __future__ import annotations
 import http.server
 import socket
 import ssl
-import sys
 import threading
 import tracemalloc
 import xml.dom.minidom
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench import chaos, soak_alloc  # noqa: E402
-from tests.support.faultproxy import FaultProxy  # noqa: E402
+from bench import chaos, soak_alloc
+from tests.support.faultproxy import FaultProxy
 
 _kept: list = []
 

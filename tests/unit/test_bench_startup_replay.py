@@ -7,18 +7,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-for _path in (ROOT / "bench", ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+from bench import startup_replay
+from my.render import render_deployment, render_service
 
-import startup_replay  # noqa: E402
-from my.render import render_deployment, render_service  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 END = {"type": "BOOKMARK", "object": {"kind": "My", "apiVersion": "mine.jp/v1", "metadata": {
     "resourceVersion": "900", "annotations": {"k8s.io/initial-events-end": "true"}}}}
