@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable
 
+from ..core.errors import is_namespace_terminating
 from ..core.objects import EVENTS, ObjectKey, rfc3339_now
 
 __all__ = ["EventRecorder"]
@@ -159,9 +160,15 @@ class EventRecorder:
             self.client.create(EVENTS, event, namespace=event["metadata"]["namespace"])
         except Exception as err:  # best effort: never fail a reconcile over an event
             involved = event["involvedObject"]
-            log.warning("could not record event %s on %s/%s", event["reason"],
-                        involved.get("namespace"), involved.get("name"),
-                        extra={"error": str(err)})
+            if is_namespace_terminating(err):
+                # Nothing can be created in a namespace being deleted: futile, not a fault.
+                log.info("not recording event %s on %s/%s: namespace %s is being deleted",
+                         event["reason"], involved.get("namespace"), involved.get("name"),
+                         involved.get("namespace"))
+            else:
+                log.warning("could not record event %s on %s/%s", event["reason"],
+                            involved.get("namespace"), involved.get("name"),
+                            extra={"error": str(err)})
             return False
         self.sent += 1
         return True

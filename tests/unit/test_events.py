@@ -164,3 +164,23 @@ def test_idle_state_is_forgotten_but_not_walked_at_every_event(monkeypatch):
         rec.event(make_my(f"b{i}"), "Normal", "Created", "x")
     assert walks == [11, 23, 47]
     assert {key.name for key in rec._state} == {f"b{i}" for i in range(20)}
+
+
+def test_an_event_refused_because_its_namespace_is_going_is_dropped_quietly(caplog):
+    """The apiserver refuses every create in a namespace being deleted (403 with the
+    cause NamespaceTerminating): the Event is futile, not a fault worth a warning,
+    and it is said in the same words as the children the reconciler gives up on."""
+    from k8s_http.core.errors import from_status
+    refused = events_client()
+    refused.fail = from_status(403, {
+        "kind": "Status", "code": 403, "reason": "Forbidden",
+        "message": 'events "foobar.1" is forbidden: unable to create new content in '
+                   'namespace default because it is being terminated',
+        "details": {"name": "foobar.1", "kind": "events",
+                    "causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace",
+                                "message": "namespace default is being terminated"}]}})
+    rec = EventRecorder(refused, component="my-controller", instance="t")
+    with caplog.at_level("DEBUG", logger="k8s_http"):
+        assert rec.event(make_my(), "Normal", "Created", "x") is False
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert any("namespace default is being deleted" in r.getMessage() for r in caplog.records)
