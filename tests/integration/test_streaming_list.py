@@ -147,7 +147,10 @@ def test_initial_streams_that_stall_twice_fall_back_to_a_paged_list_before_liven
         with streaming(server, stall_timeout_seconds=0.3) as (informer, _, metrics):
             synced(informer)
             assert silent.hits == 2 and len(lists(server)) == 1
-            assert sample(metrics, "k8s_http_watch_restarts_total", reason="stall") == 2
+            # Two stalled streams; the plain watch after the paged list is silent
+            # too (this fake sends no bookmarks), so on a loaded machine it may
+            # have stalled and been resumed as well by the time this is read.
+            assert sample(metrics, "k8s_http_watch_restarts_total", reason="stall") >= 2
             assert names(informer) == ["a"]
             watcher = informer.watchers[0]
             eventually(lambda: isinstance(watcher.state, Watching))
