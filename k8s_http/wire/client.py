@@ -90,7 +90,6 @@ class ApiClient:
     def list(self, resource: Resource, *, namespace: str | None = None,
              label_selector: str | None = None, field_selector: str | None = None,
              limit: int | None = 500, resource_version: str | None = None,
-             transform: Callable[[dict], dict] | None = None,
              into: Callable[[], MutableSequence] = list) -> dict:
         """All pages merged: {"apiVersion", "kind", "metadata": {"resourceVersion"}, "items"}.
 
@@ -100,10 +99,9 @@ class ApiClient:
         request at the same resourceVersion -- client-go's pager fallback --
         so the result is always one consistent snapshot.
 
-        `transform` is applied to each item as its page arrives. `into()` makes
-        the container the items are appended to as each page arrives (made
-        again if the list starts over): a Store's Listing keeps each in the
-        store's form, so a long list is never held as dicts.
+        `into()` makes the container the items are appended to as each page
+        arrives (made again if the list starts over): a Store's `StoreList` keeps each
+        in the store's form, so a long list is never held as dicts.
         """
         path = resource.path(namespace if resource.namespaced else None)
         base = {"labelSelector": label_selector, "fieldSelector": field_selector,
@@ -120,10 +118,9 @@ class ApiClient:
                 log.info("list %s: continue token expired after %d pages; listing again "
                          "in one request", path, len(pages))
                 items = into()
-                pages = [_prepare_items(self._json("GET", path, query=base), resource, transform,
-                                        items)]
+                pages = [_prepare_items(self._json("GET", path, query=base), resource, items)]
                 break
-            pages.append(_prepare_items(page, resource, transform, items))
+            pages.append(_prepare_items(page, resource, items))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 break
@@ -291,13 +288,12 @@ def _item_type(page: dict, resource: Resource) -> tuple[str, str]:
     return api_version, item_kind
 
 
-def _prepare_items(page: dict, resource: Resource,
-                   transform: Callable[[dict], object] | None, into: MutableSequence) -> dict:
-    """A page's items as they arrive, appended to `into`: typed (the apiserver
-    leaves apiVersion and kind out of list items), then transformed; items that
-    are not objects dropped. Typing first lets a transform keep kind and
-    apiVersion, and whatever the transform makes of an item is passed through as
-    it is. The page is returned without its items (its metadata is still read)."""
+def _prepare_items(page: dict, resource: Resource, into: MutableSequence) -> dict:
+    """A page's items as they arrive, typed (the apiserver leaves apiVersion and
+    kind out of list items) and appended to `into`; items that are not objects
+    dropped. Typed first, so a container that converts each item on the way in
+    (a `StoreList`) sees kind and apiVersion. The page is returned without its
+    items (its metadata is still read)."""
     items = page.get("items") if isinstance(page, dict) else None
     if items is None:
         return page
@@ -309,7 +305,7 @@ def _prepare_items(page: dict, resource: Resource,
             item.setdefault("apiVersion", api_version)
             if item_kind:
                 item.setdefault("kind", item_kind)
-            into.append(transform(item) if transform is not None else item)
+            into.append(item)
     del page["items"]
     return page
 
