@@ -91,7 +91,8 @@ class ApiClient:
              label_selector: str | None = None, field_selector: str | None = None,
              limit: int | None = 500, resource_version: str | None = None,
              transform: Callable[[dict], dict] | None = None,
-             into: Callable[[], MutableSequence] = list) -> dict:
+             into: Callable[[], MutableSequence] = list,
+             shard_selector: str | None = None) -> dict:
         """All pages merged: {"apiVersion", "kind", "metadata": {"resourceVersion"}, "items"}.
 
         Items get apiVersion and kind filled in (the apiserver leaves them out
@@ -107,7 +108,7 @@ class ApiClient:
         """
         path = resource.path(namespace if resource.namespaced else None)
         base = {"labelSelector": label_selector, "fieldSelector": field_selector,
-                "resourceVersion": resource_version}
+                "resourceVersion": resource_version, "shardSelector": shard_selector}
         query = dict(base, limit=limit or None)
         pages = []
         items = into()
@@ -138,7 +139,8 @@ class ApiClient:
               timeout_seconds: float | None = None,
               stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS,
               send_initial_events: bool = False,
-              skip_managed_fields: bool = False) -> "WatchStream":
+              skip_managed_fields: bool = False,
+              shard_selector: str | None = None) -> "WatchStream":
         """A watch from `resource_version` ("" or None: from now, with the current state).
 
         `send_initial_events`: a streaming list (client-go's WatchList): the
@@ -147,6 +149,9 @@ class ApiClient:
         "true"`, then carries on as a watch. It needs bookmarks, so they are
         requested whatever `allow_bookmarks` says. An apiserver without the
         feature refuses it (422) or ignores it (see watchstep.py).
+        `shard_selector` (list and watch): KEP-5866's `shardSelector`
+        (k8s_http.core.shards writes it); ignored by an apiserver without the
+        gate, so callers filter too.
 
         `skip_managed_fields`: the objects come without
         metadata.managedFields, which are then never decoded
@@ -159,7 +164,8 @@ class ApiClient:
                  else None,
                  "sendInitialEvents": "true" if send_initial_events else None,
                  "resourceVersionMatch": "NotOlderThan" if send_initial_events else None,
-                 "timeoutSeconds": str(int(timeout_seconds)) if timeout_seconds else None}
+                 "timeoutSeconds": str(int(timeout_seconds)) if timeout_seconds else None,
+                 "shardSelector": shard_selector}
         stream = self.transport.stream(path, query=query,
                                        read_timeout_seconds=stall_timeout_seconds)
         return WatchStream(stream, stall_timeout_seconds=stall_timeout_seconds,
