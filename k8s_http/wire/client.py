@@ -324,8 +324,13 @@ def _merge_pages(pages: list[dict], resource: Resource, items: MutableSequence) 
     first, last = pages[0], pages[-1]
     api_version, list_kind = _list_type(first, resource)
     rv = (last.get("metadata") or {}).get("resourceVersion", "")
-    return {"apiVersion": api_version, "kind": list_kind,
-            "metadata": {"resourceVersion": rv}, "items": items}
+    meta = {"resourceVersion": rv}
+    # KEP-5866: the server's echo of a shardSelector it applied (on every page;
+    # absent when it ignored the selector), for shards.is_server_filtered.
+    shard_info = (first.get("metadata") or {}).get("shardInfo")
+    if shard_info is not None:
+        meta["shardInfo"] = shard_info
+    return {"apiVersion": api_version, "kind": list_kind, "metadata": meta, "items": items}
 
 
 class WatchStream:
