@@ -56,7 +56,7 @@ rules:
 """
 
 
-@pytest.fixture(params=["true", "false"], ids=["gate-on", "gate-off"])
+@pytest.fixture(scope="module", params=["true", "false"], ids=["gate-on", "gate-off"])
 def plane(request, tmp_path_factory):
     audit_dir = tmp_path_factory.mktemp("audit")
     policy = audit_dir / "policy.yaml"
@@ -103,10 +103,13 @@ def writes(plane) -> list[tuple[float, str, str, str]]:
     return out
 
 
-def owners_by_object(plane) -> dict[str, list[str]]:
-    """Per My (its children share its name): the sequence of replicas that wrote it."""
+def owners_by_object(plane, namespace) -> dict[str, list[str]]:
+    """Per My in `namespace` (its children share its name): the sequence of
+    replicas that wrote it."""
     seq: dict[str, list[str]] = defaultdict(list)
     for _, replica, obj, _ in writes(plane):
+        if not obj.startswith(f"{namespace}/"):
+            continue
         if not seq[obj] or seq[obj][-1] != replica:
             seq[obj].append(replica)
     return seq
@@ -145,12 +148,8 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
     client = api
     figures = {}
     try:
-        ops = {}
-        for name in REPLICAS:
-            monkeypatch.setenv("POD_NAME", name)
-            ops[name] = fleet.start(name, plane.admin_kubeconfig, "--namespace", namespace,
-                                    "--shards", "auto", "--leader-election-namespace",
-                                    namespace, "--graceful-shutdown-timeout", "10s")
+        ops = {name: start_replica(fleet, plane, namespace, monkeypatch, name)
+               for name in REPLICAS}
         for op in ops.values():
             op.wait_ready()
         eventually(lambda: sum(held(op) for op in ops.values()) == 256
@@ -164,7 +163,7 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
         # Steady state: every My converges, each written by one replica only.
         steady = create_mys(client, namespace, "steady", 30)
         figures["steady: converge s"] = round(wait_available(client, namespace, steady, 60), 2)
-        seq = owners_by_object(plane)
+        seq = owners_by_object(plane, namespace)
         doubled = {o: s for o, s in seq.items() if len(s) > 1}
         assert not doubled, f"written by two replicas: {doubled}"
         for name, slot in steady.items():
@@ -211,15 +210,89 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
         # Everything converged; no object ever had two writers interleaved.
         everything = [*steady, *after_kill, *after_term]
         wait_available(client, namespace, everything, 30)
-        seq = owners_by_object(plane)
+        seq = owners_by_object(plane, namespace)
         interleaved = {o: s for o, s in seq.items() if len(s) > 2 or (
             len(s) == 2 and s[0] not in (victim, leaving))}
         figures["objects written by two replicas at once"] = len(interleaved)
         figures["moved on SIGTERM (new My)"] = len(moved)
         assert not interleaved, interleaved
         assert figures["term: slots claimed after s"] <= 2.0
+        # What the replica found out about the apiserver, said in a metric.
+        assert ops[staying].metric("k8s_http_shard_server_filtered") == \
+            (1.0 if plane.gate == "true" else 0.0)
     finally:
         print(f"\nsharding e2e, gate {plane.gate}:")
         for key, value in figures.items():
             print(f"  {key}: {value}")
         fleet.close()
+
+
+def start_replica(fleet, plane, namespace, monkeypatch, name):
+    monkeypatch.setenv("POD_NAME", name)
+    return fleet.start(name, plane.admin_kubeconfig, "--namespace", namespace,
+                       "--shards", "auto", "--leader-election-namespace", namespace,
+                       "--graceful-shutdown-timeout", "10s")
+
+
+@pytest.mark.mys_deleted_first
+def test_one_to_three_to_one_under_a_stream_of_new_my(plane, api, namespace, fleet, monkeypatch):
+    """Scale 1 -> 3 -> 1 (processes standing in for `kubectl scale`) while My keep
+    coming: the first replica hands slots over by the release handshake, then
+    takes them back; nothing is lost, nothing written by two replicas at once."""
+    install_manifests(plane)
+    first = start_replica(fleet, plane, namespace, monkeypatch, "solo")
+    first.wait_ready()
+    eventually(lambda: held(first) == 256, timeout=20, interval=0.1, message="solo not at 256")
+    made: dict[str, int] = {}
+    made.update(create_mys(api, namespace, "one", 10))
+    wait_available(api, namespace, made, 60)
+    more = [start_replica(fleet, plane, namespace, monkeypatch, n) for n in ("two", "three")]
+    for op in more:
+        op.wait_ready()
+    batch = 0
+    deadline = time.monotonic() + 30
+    while not (all(held(op) > 0 for op in more)
+               and sum(held(op) for op in (first, *more)) == 256):
+        assert time.monotonic() < deadline, "the slots were not shared out"
+        made.update(create_mys(api, namespace, f"up{batch}", 2))
+        batch += 1
+        time.sleep(0.2)
+    made.update(create_mys(api, namespace, "three", 10))
+    # Every My changes while 3 replicas run: each writes its own share.
+    roll_out(api, namespace, made, "nginx:1.28")
+    for op in more:
+        op.signal(signal.SIGTERM)
+    for n in range(5):
+        made.update(create_mys(api, namespace, f"down{n}", 2))
+        time.sleep(0.2)
+    for op in more:
+        op.expect_clean_exit(20)
+    eventually(lambda: held(first) == 256, timeout=10, interval=0.1,
+               message="solo did not take every slot back")
+    roll_out(api, namespace, made, "nginx:1.29")     # and solo writes all of them again
+    seq = owners_by_object(plane, namespace)
+    # Each object's writers may change once per handover (solo -> another ->
+    # solo), never back and forth within one.
+    interleaved = {o: s for o, s in seq.items() if len(s) > 3 or (len(s) == 3 and s[0] != s[2])}
+    print(f"\nscale 1 -> 3 -> 1, gate {plane.gate}: {len(made)} My converged, "
+          f"objects by replicas {dict(_count_by_writer(seq))}, "
+          f"interleaved {len(interleaved)}")
+    assert not interleaved, interleaved
+    by_writer = _count_by_writer(seq)
+    assert by_writer["two"] and by_writer["three"] and by_writer["solo"] == len(made)
+
+
+def roll_out(api, namespace, names, image) -> None:
+    """Change every My's image and wait until each is Available at its new generation."""
+    generations = {n: api.patch(MY, n, {"spec": {"image": image}}, namespace=namespace)
+                   ["metadata"]["generation"] for n in names}
+    eventually(lambda: all(is_available(api, n, namespace, g) for n, g in generations.items()),
+               timeout=60, interval=0.3, message=f"not all My rolled out to {image}")
+
+
+def _count_by_writer(seq):
+    out = defaultdict(int)
+    for writers in seq.values():
+        for w in set(writers):
+            out[w] += 1
+    return out
