@@ -42,8 +42,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Gauge
-
 from ..core import errors, shards
 from ..core.objects import LEASES
 from ..ops.metrics import Metrics
@@ -184,17 +182,11 @@ class ShardMember:
         self._left = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        r = self.metrics.registry
-        self._m_slots = Gauge("k8s_http_shard_slots_held",
-                              "Slots (of 256) this replica works on", registry=r)
-        self._m_members = Gauge("k8s_http_shard_members",
-                                "Live members of the ring as this replica sees them", registry=r)
-        self._m_conflicts = Counter("k8s_http_shard_claim_conflicts_total",
-                                    "Claims withdrawn because another member claimed first",
-                                    registry=r)
-        self._m_server = Gauge("k8s_http_shard_server_filtered",
-                               "1 if the apiserver applied shardSelector to a probe list of "
-                               "Leases (KEP-5866 gate on), else 0", registry=r)
+        self.metrics.init_shards()
+        self._m_slots = self.metrics.shard_slots_held
+        self._m_members = self.metrics.shard_members
+        self._m_conflicts = self.metrics.shard_claim_conflicts_total
+        self._m_server = self.metrics.shard_server_filtered
 
     # ---- what others ask --------------------------------------------------
 
