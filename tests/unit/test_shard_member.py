@@ -251,3 +251,88 @@ def test_reselect_filters_client_side_and_drops_what_left_without_a_deletion():
     assert ObjectKey("ns", outside["metadata"]["name"]) not in set(inf.store.keys())
     inf.reselect(nothing=True)
     assert len(inf.store) == 0 and inf.has_synced()
+
+
+# ---------------------------------------------------------------------------
+# The Manager's wiring (not started: no I/O)
+
+def sharded_manager(monkeypatch, **kw):
+    from k8s_http import ClusterConfig, Manager
+    monkeypatch.setenv("POD_NAME", "pod-0")
+    return Manager(ClusterConfig(server="http://127.0.0.1:9", namespace="sys"), "app",
+                   metrics_bind_address="0", health_probe_bind_address="0", shards=True,
+                   shard_label="sharding.example.com/slot", **kw)
+
+
+def test_sharding_excludes_leader_election_and_needs_a_label_with_a_domain(monkeypatch):
+    from k8s_http import ConfigError
+    with pytest.raises(ConfigError, match="exclude each other"):
+        sharded_manager(monkeypatch, leader_elect=True)
+    from k8s_http import ClusterConfig, Manager
+    with pytest.raises(ConfigError, match="domain"):
+        Manager(ClusterConfig(server="http://127.0.0.1:9"), "app", shards=True,
+                shard_label="slot", metrics_bind_address="0", health_probe_bind_address="0")
+
+
+def test_the_manager_runs_only_reconciles_of_held_slots_fenced_and_reselects(monkeypatch):
+    from k8s_http.core.objects import DEPLOYMENTS, Resource
+    mgr = sharded_manager(monkeypatch, namespaces=["ns"])
+    member = mgr._member
+    assert member.lease_name == "app-member-pod-0" and member.namespace == "sys"
+    assert mgr.client.transport.user_agent.endswith(" shard/pod-0")
+    assert mgr.client.write_guard == member.check
+    resource = Resource("mine.jp", "v1", "mys", "My")
+    seen = []
+
+    def reconcile(key):
+        seen.append((key, current_slot()))
+        member.check()
+    mgr.add_controller(resource, reconcile, owns=[DEPLOYMENTS], owns_label_selector="a=b")
+    runner = mgr._controllers[0].runner
+    primary = mgr._controllers[0].primary
+    rng = random.Random(5)
+    objs = [my(f"m{i}", str(uuid.UUID(int=rng.getrandbits(128)))) for i in range(20)]
+    primary._on_sync("ns", objs)
+    slots = {o["metadata"]["name"]: shards.slot_of(o["metadata"]["uid"]) for o in objs}
+    ours = frozenset(list(slots.values())[:5])
+    member.elector._renewed_at = member.elector._clock()     # the Lease is held
+    with member._cond:
+        member._held = ours
+    for name in slots:
+        assert runner._reconcile(ObjectKey("ns", name)) is None
+    assert {k.name for k, _ in seen} == {n for n, s in slots.items() if s in ours}
+    assert all(slot == slots[k.name] for k, slot in seen)
+    seen.clear()
+    runner._reconcile(ObjectKey("ns", "not-cached"))          # no slot: "gone", still run
+    assert seen == [(ObjectKey("ns", "not-cached"), None)]
+
+    mgr._reselect(ours)
+    (watcher,) = primary.watchers
+    assert watcher._shard == {"shard_selector": ranges_of_slots(ours).shard_selector()}
+    (child,) = mgr._shard_children
+    (child_watcher,) = child[0].watchers
+    assert child_watcher._label_selector == "a=b," + shards.slot_label_selector(
+        "sharding.example.com/slot", ours)
+    mgr._reselect(frozenset())
+    assert primary.watchers == [] and len(primary.store) == 0 and primary.has_synced()
+
+
+def test_children_carry_their_owners_slot_only_when_sharding():
+    import controller
+    from k8s_http import Store
+    from my.spec import MY, SLOT_LABEL
+    from k8s_http.core.objects import DEPLOYMENTS, SERVICES
+    stores = {MY: Store(), DEPLOYMENTS: Store(), SERVICES: Store()}
+    body = dict(my("web", "5f2b9c1e-0d7a-4c59-a0e4-3f1a2b3c4d5e"),
+                spec={"image": "nginx:1.27", "replicas": 1, "port": 8080})
+    kwargs = dict(watch_for_deletion=lambda *a: True, cancel_deletion_watches=lambda o: None)
+    plain = controller.MyReconciler(None, stores, **kwargs)._validate_and_render(body)[1]
+    sharded = controller.MyReconciler(None, stores, slot_label=SLOT_LABEL,
+                                      **kwargs)._validate_and_render(body)[1]
+    slot = str(shards.slot_of(body["metadata"]["uid"]))
+    for a, b in zip(plain, sharded):
+        assert SLOT_LABEL not in a["metadata"]["labels"]
+        assert b["metadata"]["labels"][SLOT_LABEL] == slot
+        # The config hash covers the label (a child without it is applied again).
+        assert a["metadata"]["annotations"] != b["metadata"]["annotations"]
+    assert ("metadata", "labels", SLOT_LABEL) in controller._CHILD_META
