@@ -170,8 +170,8 @@ class Informer:
         generation = self._generation
         return {ns: Watcher(
             self._client, self.resource, namespace=ns, label_selector=label_selector,
-            on_sync=lambda items, ns=ns, g=generation: self._on_sync(ns, items, g),
-            on_event=lambda type_, obj, g=generation: self._on_event(type_, obj, g),
+            on_sync=lambda items, ns=ns, g=generation: self._deliver(g, self._on_sync, ns, items),
+            on_event=lambda type_, obj, g=generation: self._deliver(g, self._on_event, type_, obj),
             backoff=self._backoff_factory() if self._backoff_factory else None,
             shard_selector=shard_selector, **self._watcher_args) for ns in self._scopes}
 
@@ -274,14 +274,13 @@ class Informer:
                 count += 1
         return count
 
-    def _on_sync(self, namespace: str | None, items: StoreList | list,
-                 generation: int | None = None) -> None:
+    def _deliver(self, generation: int, handle: Callable, *args) -> None:
+        """A watcher's delivery, unless reselect() replaced that watcher since."""
         with self._deliver_lock:
-            if generation is not None and generation != self._generation:
-                return      # a watcher reselect() replaced
-            self._on_sync_locked(namespace, items)
+            if generation == self._generation:
+                handle(*args)
 
-    def _on_sync_locked(self, namespace: str | None, items: StoreList | list) -> None:
+    def _on_sync(self, namespace: str | None, items: StoreList | list) -> None:
         # One way: the store replaces (deleting what vanished), and the keys of
         # both the listed and the vanished objects go to the queues from here;
         # nothing goes back to the watcher. The watchers fill a StoreList of the
@@ -295,17 +294,11 @@ class Informer:
         # as dicts again, the peak the packed store exists to avoid.
         self._enqueue(itertools.chain(listing.objects(fields=self._mapped_fields), vanished))
 
-    def _on_event(self, type_: str, obj: dict, generation: int | None = None) -> None:
-        with self._deliver_lock:
-            if generation is not None and generation != self._generation:
-                return      # a watcher reselect() replaced
-            if self._keep is not None and not self._keep(obj):
-                # Never in the cache: the filter depends only on the uid, which never changes.
-                self._dropped += 1
-                return
-            self._on_event_locked(type_, obj)
-
-    def _on_event_locked(self, type_: str, obj: dict) -> None:
+    def _on_event(self, type_: str, obj: dict) -> None:
+        if self._keep is not None and not self._keep(obj):
+            # Never in the cache: the filter depends only on the uid, which never changes.
+            self._dropped += 1
+            return
         if type_ == "DELETED":
             old = self.store.delete(obj)
             self._cache_objects.set(len(self.store))

@@ -237,7 +237,7 @@ def test_reselect_filters_client_side_and_drops_what_left_without_a_deletion():
     # The new watchers' list: the server may ignore the selector; the filter keeps our share.
     generation = inf._generation
     queue.keys.clear()
-    inf._on_sync("ns", objs, generation)
+    inf._deliver(generation, inf._on_sync, "ns", objs)
     kept = {o["metadata"]["name"] for o in objs if shards.keeps(o, low)}
     assert 0 < len(kept) < 40
     assert {k.name for k in inf.store.keys()} == kept
@@ -246,8 +246,11 @@ def test_reselect_filters_client_side_and_drops_what_left_without_a_deletion():
     assert {k.name for k in queue.keys} == {o["metadata"]["name"] for o in objs}
     # A replaced watcher's late deliveries are ignored; out-of-range events are dropped.
     outside = next(o for o in objs if not shards.keeps(o, low))
-    inf._on_event("ADDED", outside, generation - 1)
-    inf._on_event("ADDED", outside, generation)
+    inf.reselect(keep=None)       # a watcher of the previous generation delivers late
+    inf._deliver(generation, inf._on_event, "ADDED", outside)
+    assert ObjectKey("ns", outside["metadata"]["name"]) not in set(inf.store.keys())
+    inf.reselect(shard_selector=low.shard_selector(), keep=lambda o: shards.keeps(o, low))
+    inf._on_event("ADDED", outside)
     assert ObjectKey("ns", outside["metadata"]["name"]) not in set(inf.store.keys())
     inf.reselect(nothing=True)
     assert len(inf.store) == 0 and inf.has_synced()
