@@ -19,6 +19,7 @@ from k8s_http.core.shards import SLOTS, ranges_of_slots, slots_of
 from k8s_http.ops.metrics import Metrics
 from tests.support.clock import FakeClock
 from tests.support.fake_client import InMemoryApiClient
+from tests.unit.test_informer_mappers import Queue
 
 ANNOTATION = "sharding.example.com/slots"
 
@@ -98,6 +99,12 @@ def join(member: ShardMember) -> None:
     assert member.elector.try_acquire_or_renew()
 
 
+def two_members(ring: Ring) -> tuple[ShardMember, ShardMember]:
+    a, b = ring.member("a"), ring.member("b")
+    join(a), join(b)
+    return a, b
+
+
 def test_members_split_the_slots_without_overlap_and_hand_over_on_leave():
     ring = Ring()
     a, b = ring.member("a"), ring.member("b")
@@ -125,8 +132,7 @@ def test_members_split_the_slots_without_overlap_and_hand_over_on_leave():
 
 def test_a_dead_members_slots_move_only_once_its_lease_expired():
     ring = Ring()
-    a, b = ring.member("a"), ring.member("b")
-    join(a), join(b)
+    a, b = two_members(ring)
     for m in (a, b, a, b):
         m.tick()
     b_share = b.held
@@ -143,8 +149,7 @@ def test_a_dead_members_slots_move_only_once_its_lease_expired():
 
 def test_a_claim_that_loses_the_race_is_withdrawn():
     ring = Ring()
-    a, b = ring.member("a"), ring.member("b")
-    join(a), join(b)
+    a, b = two_members(ring)
     # b claims between a's first list and a's confirming list.
     real = ring._list
     calls = []
@@ -212,14 +217,6 @@ def test_a_release_waits_for_the_slots_reconciles_in_flight():
 def my(name, uid):
     return {"apiVersion": "mine.jp/v1", "kind": "My",
             "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "1"}}
-
-
-class Queue:
-    def __init__(self):
-        self.keys = []
-
-    def add(self, key):
-        self.keys.append(key)
 
 
 def test_reselect_filters_client_side_and_drops_what_left_without_a_deletion():
