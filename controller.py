@@ -67,6 +67,9 @@ from k8s_http import (
     meta_of,
     needs_apply,
     pod_problem,
+    slot_label_value,
+    slot_of,
+    with_config_hash,
     resource_version_of,
     rfc3339_now,
     setup_logging,
@@ -77,7 +80,7 @@ from k8s_http import (add_manager_flags, flag_error, manager_options, new_parser
 from k8s_http import __version__
 
 from my.render import foreign_entries_patch, render_deployment, render_service
-from my.spec import (CONFIG_HASH_ANNOTATION, FIELD_MANAGER, LABEL_INSTANCE, LABEL_MANAGED_BY,
+from my.spec import (CONFIG_HASH_ANNOTATION, FIELD_MANAGER, SLOT_LABEL, LABEL_INSTANCE, LABEL_MANAGED_BY,
                      LABEL_NAME, MANAGED_SELECTOR, MAX_REPLICAS, MY, NAME, effective_spec,
                      selector_string, validate_my)
 from my.status import (APPLY_FAILED, CONDITION_READY, CONFLICT, INVALID_SPEC,
@@ -139,6 +142,7 @@ _CHILD_META = (
     "metadata.generation",                              # my.status: readiness, rollout
     ("metadata", "labels", LABEL_NAME), ("metadata", "labels", LABEL_INSTANCE),
     ("metadata", "labels", LABEL_MANAGED_BY),           # needs_apply: our labels only
+    ("metadata", "labels", SLOT_LABEL),                 # needs_apply, with --shards=auto
     ("metadata", "annotations", CONFIG_HASH_ANNOTATION),  # needs_apply, _ensure_child
     "metadata.ownerReferences",   # is_controlled_by, needs_apply, the informer's mapper
 )
@@ -226,8 +230,12 @@ class MyReconciler:
                  recorder: EventRecorder | None = None,
                  now: Callable[[], str] = rfc3339_now,
                  clock: Callable[[], float] = time.monotonic,
-                 status_coalesce_seconds: float = STATUS_COALESCE_SECONDS):
+                 status_coalesce_seconds: float = STATUS_COALESCE_SECONDS,
+                 slot_label: str | None = None):
         self.client = client
+        # With --shards=auto: children carry their owner's slot in this label, so a
+        # replica's label-selected watches hold the children of its own slots only.
+        self._slot_label = slot_label
         self._stores = stores
         self._watch_for_deletion = watch_for_deletion
         self._cancel_deletion_watches = cancel_deletion_watches
@@ -444,7 +452,22 @@ class MyReconciler:
 
     def _validate_and_render(self, my: dict) -> tuple[list[str], tuple[dict, ...]]:
         problems = validate_my(my)
-        return problems, () if problems else tuple(render(my) for _, render in self.CHILDREN)
+        if problems:
+            return problems, ()
+        return problems, tuple(self._with_slot(my, render(my)) for _, render in self.CHILDREN)
+
+    def _with_slot(self, my: dict, child: dict) -> dict:
+        """Sharding: the child labelled with its owner's slot (and hashed again). A
+        child made before sharding lacks it, so the slot-selected cache misses it:
+        the create-only apply meets 409, the GET shows it ours, and the apply
+        adds the label (once per child; see docs/SHARDING.md)."""
+        if self._slot_label is None:
+            return child
+        slot = slot_of(meta_of(my).get("uid") or "")
+        annotations = child["metadata"].get("annotations") or {}
+        annotations.pop(CONFIG_HASH_ANNOTATION, None)
+        child["metadata"].setdefault("labels", {})[self._slot_label] = slot_label_value(slot)
+        return with_config_hash(child, CONFIG_HASH_ANNOTATION)
 
     @staticmethod
     def _has_acted_on(my: dict) -> bool:
@@ -705,7 +728,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_logging(args.log_level, args.log_format)
         config = load_config(args.kubeconfig, context=args.context)
-        mgr = Manager(config, NAME, **manager_options(args))
+        options = manager_options(args)
+        if options.get("shards"):
+            options["shard_label"] = SLOT_LABEL
+        mgr = Manager(config, NAME, **options)
     except ConfigError as err:
         return flag_error(NAME, with_flag_names(err))
     # The caches the reconciler reads, made before it is registered, each keeping
@@ -719,7 +745,8 @@ def main(argv: list[str] | None = None) -> int:
     reconciler = MyReconciler(mgr.client, stores, watch_for_deletion=mgr.watch_for_deletion,
                               cancel_deletion_watches=mgr.cancel_deletion_watches,
                               watching_deletion=mgr.watching_deletion,
-                              recorder=mgr.event_recorder(NAME))
+                              recorder=mgr.event_recorder(NAME),
+                              slot_label=SLOT_LABEL if args.shards == "auto" else None)
     mgr.add_controller(MY, reconciler, owns=[DEPLOYMENTS, SERVICES],
                        owns_label_selector=MANAGED_SELECTOR, workers=args.workers,
                        transforms=PROJECTIONS)

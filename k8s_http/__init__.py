@@ -24,6 +24,7 @@ from .core.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESP
                            is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
                            resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
 from .core.quantity import parse_quantity, same_quantity
+from .core.shards import slot_label_value, slot_of
 from .config.cluster import ClusterConfig, ConfigError, load_config
 from .ops.cli import flag_error, run_manager
 from .ops.flags import (add_manager_flags, manager_options, new_parser, parse_duration,
@@ -59,6 +60,7 @@ __all__ = [
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
     "parse_quantity", "same_quantity", "needs_apply", "port_key", "with_config_hash",
+    "slot_of", "slot_label_value",
     "config_hash",
     "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",
     "is_resource_name",

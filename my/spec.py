@@ -40,6 +40,10 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "my"
 # The owned watches use this selector, so the caches hold only our children.
 MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={NAME}"
+# With --shards=auto, each child carries its owner's slot (k8s_http.core.shards):
+# a replica watches the children of its own slots only. The domain also names
+# the member Leases' ring label and slots annotation (docs/SHARDING.md).
+SLOT_LABEL = "sharding.mine.jp/slot"
 
 # A hash of everything else in the apply configuration, carried on the child.
 # Why: `needs_apply` is a subset test (desired fields present in live), which

@@ -134,24 +134,29 @@ class Informer:
         self._lock = threading.Lock()      # guards _threads (start / restart / stop)
 
         # None -> one watcher for all namespaces (or a cluster-scoped resource).
-        scopes: list[str | None]
         if namespaces is None or not resource.namespaced:
-            scopes = [None]
+            self._scopes: list[str | None] = [None]
         else:
-            scopes = list(dict.fromkeys(namespaces))   # de-duplicated, order kept
-            if not scopes:
+            self._scopes = list(dict.fromkeys(namespaces))   # de-duplicated, order kept
+            if not self._scopes:
                 raise ValueError("namespaces must be None (all) or a non-empty list")
-        self._watchers: dict[str | None, Watcher] = {}
-        for ns in scopes:
-            self._watchers[ns] = Watcher(
-                client, resource, namespace=ns, label_selector=label_selector,
-                field_selector=field_selector,
-                on_sync=lambda items, ns=ns: self._on_sync(ns, items),
-                on_event=self._on_event, metrics=self._metrics, clock=clock, rng=rng,
-                stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
-                backoff=backoff_factory() if backoff_factory else None,
-                store=self.store, streaming_list=streaming_list,
-                on_synced=self._notify_synced)
+        self._watcher_args = dict(
+            field_selector=field_selector, metrics=self._metrics, clock=clock, rng=rng,
+            stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
+            store=self.store, streaming_list=streaming_list, on_synced=self._notify_synced)
+        self._client = client
+        self._backoff_factory = backoff_factory
+        # Sharding (reselect): the client-side filter every object passes before
+        # the store (None: keep all), and the generation of watchers whose
+        # deliveries count: a replaced watcher's late ones are dropped.
+        self._keep: Callable[[dict], bool] | None = None
+        self._generation = 0
+        self._deliver_lock = threading.RLock()
+        self._dropped = 0       # objects the client-side filter dropped
+        # The stop event of the current watchers (reselect replaces it); `_stop` is the informer's.
+        self._run_stop = threading.Event()
+        self._nothing = False   # reselect(nothing=True): no watch at all, an empty cache
+        self._watchers: dict[str | None, Watcher] = self._new_watchers(label_selector, None)
         self._threads: dict[str | None, threading.Thread] = {}
         # Read at scrape time. One informer per resource in practice (the
         # manager keys them by resource and label selector).
@@ -159,6 +164,74 @@ class Informer:
 
     def __repr__(self) -> str:
         return f"<Informer {self._label} namespaces={list(self._watchers)}>"
+
+    def _new_watchers(self, label_selector: str | None,
+                      shard_selector: str | None) -> dict[str | None, Watcher]:
+        generation = self._generation
+        return {ns: Watcher(
+            self._client, self.resource, namespace=ns, label_selector=label_selector,
+            on_sync=lambda items, ns=ns, g=generation: self._deliver(g, self._on_sync, ns, items),
+            on_event=lambda type_, obj, g=generation: self._deliver(g, self._on_event, type_, obj),
+            backoff=self._backoff_factory() if self._backoff_factory else None,
+            shard_selector=shard_selector, **self._watcher_args) for ns in self._scopes}
+
+    def reselect(self, *, label_selector: str | None = None, shard_selector: str | None = None,
+                 keep: Callable[[dict], bool] | None = None, nothing: bool = False) -> None:
+        """Watch another selection (sharding: the share of this replica changed).
+
+        The watches restart with the new selectors and list afresh; until that
+        list is in, `has_synced` is False. `keep`: the client-side filter in
+        front of the store (the server may ignore `shard_selector`).
+        `nothing`: no watch at all and an empty cache (a replica holding no slot).
+        Objects that leave the selection leave the cache as a relist's vanished
+        objects do: their keys are enqueued, never reported as deletions (a
+        handler only ever sees keys, and a reconcile is level-based).
+        """
+        with self._deliver_lock:
+            self._generation += 1
+            self._keep = keep
+            self._nothing = nothing
+        with self._lock:
+            old_watchers, old_stop = self._watchers, self._run_stop
+            self._run_stop = threading.Event()
+            self._watchers = {} if nothing else self._new_watchers(label_selector, shard_selector)
+            old_threads = self._threads
+            self._threads = {}
+            if self._started and not self._stop.is_set():
+                for ns in self._watchers:
+                    self._start_thread_locked(ns)
+        old_stop.set()
+        for watcher in old_watchers.values():
+            watcher.stop()
+        for thread in old_threads.values():
+            if thread is not threading.current_thread():
+                thread.join(timeout=5.0)
+        if nothing:
+            with self._deliver_lock:
+                vanished = self.store.replace(self.store.new_list([]))
+                self._cache_objects.set(len(self.store))
+            self._enqueue(vanished)
+            self._notify_synced()
+
+    @property
+    def dropped(self) -> int:
+        """Objects the client-side filter (reselect's `keep`) has kept out of the cache."""
+        return self._dropped
+
+    def _filtered(self, items):
+        """A list's items the client-side filter keeps (the same list when it keeps all)."""
+        keep = self._keep
+        listing = items if isinstance(items, StoreList) else self.store.new_list(items)
+        if keep is None:
+            return listing
+        kept = self.store.new_list([])
+        total = 0
+        for obj in listing.objects():
+            total += 1
+            if keep(obj):
+                kept.append(obj)
+        self._dropped += total - len(kept)
+        return kept
 
     @property
     def watchers(self) -> list[Watcher]:
@@ -201,12 +274,18 @@ class Informer:
                 count += 1
         return count
 
+    def _deliver(self, generation: int, handle: Callable, *args) -> None:
+        """A watcher's delivery, unless reselect() replaced that watcher since."""
+        with self._deliver_lock:
+            if generation == self._generation:
+                handle(*args)
+
     def _on_sync(self, namespace: str | None, items: StoreList | list) -> None:
         # One way: the store replaces (deleting what vanished), and the keys of
         # both the listed and the vanished objects go to the queues from here;
         # nothing goes back to the watcher. The watchers fill a StoreList of the
         # store's as a list arrives, so a long list is never held as dicts.
-        listing = items if isinstance(items, StoreList) else self.store.new_list(items)
+        listing = self._filtered(items)
         vanished = self.store.replace(listing, namespace=namespace)
         self._cache_objects.set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
@@ -216,6 +295,10 @@ class Informer:
         self._enqueue(itertools.chain(listing.objects(fields=self._mapped_fields), vanished))
 
     def _on_event(self, type_: str, obj: dict) -> None:
+        if self._keep is not None and not self._keep(obj):
+            # Never in the cache: the filter depends only on the uid, which never changes.
+            self._dropped += 1
+            return
         if type_ == "DELETED":
             old = self.store.delete(obj)
             self._cache_objects.set(len(self.store))
@@ -276,6 +359,7 @@ class Informer:
     def stop(self) -> None:
         """Stop every watcher and wait briefly for its thread; idempotent."""
         self._stop.set()
+        self._run_stop.set()
         for watcher in self._watchers.values():
             watcher.stop()
         with self._lock:
@@ -300,14 +384,14 @@ class Informer:
 
     def _start_thread_locked(self, ns: str | None) -> None:
         watcher = self._watchers[ns]
-        thread = threading.Thread(target=self._run_watcher, args=(watcher,),
+        thread = threading.Thread(target=self._run_watcher, args=(watcher, self._run_stop),
                                   name=f"informer-{self._label}-{ns or 'all'}", daemon=True)
         self._threads[ns] = thread
         thread.start()
 
-    def _run_watcher(self, watcher: Watcher) -> None:
+    def _run_watcher(self, watcher: Watcher, stop: threading.Event) -> None:
         try:
-            watcher.run(self._stop)
+            watcher.run(stop)
         except Exception:
             # The thread ends here; is_healthy() reports it and restart_if_dead()
             # resumes the watcher from its state (no relist).
@@ -317,11 +401,15 @@ class Informer:
 
     def has_synced(self) -> bool:
         """Every watcher has finished its initial list."""
-        return all(w.has_synced for w in self._watchers.values())
+        with self._lock:
+            watchers = list(self._watchers.values())
+        return all(w.has_synced for w in watchers)
 
     def stalls(self) -> int:
         """The most stall periods in a row, without progress, of any of this informer's watches."""
-        return max(w.stalls for w in self._watchers.values())
+        with self._lock:
+            watchers = list(self._watchers.values())
+        return max((w.stalls for w in watchers), default=0)
 
     def is_healthy(self, *, now: float | None = None) -> tuple[bool, str]:
         now = self._clock() if now is None else now
@@ -330,9 +418,10 @@ class Informer:
         problems = []
         with self._lock:
             threads = dict(self._threads)
-        for ns, watcher in self._watchers.items():
+            watchers = dict(self._watchers)
+        for ns, watcher in watchers.items():
             where = ns or "all namespaces"
-            if not threads[ns].is_alive():
+            if ns not in threads or not threads[ns].is_alive():
                 problems.append(f"{where}: watcher thread is dead")
                 continue
             deadline = 2 * watcher.watch_timeout_seconds

@@ -86,8 +86,11 @@ class Watcher:
                  backoff: Backoff | None = None,
                  store: Store | None = None,
                  streaming_list: bool = True,
-                 on_synced: Callable[[], None] | None = None):
+                 on_synced: Callable[[], None] | None = None,
+                 shard_selector: str | None = None):
         self._client = client
+        # KEP-5866's shardSelector, on lists and watches alike (sharding.py).
+        self._shard = {"shard_selector": shard_selector} if shard_selector else {}
         # Watches ask for objects without managedFields when the store drops them.
         self._skip_managed_fields = store is not None and store.drops_managed_fields
         self._on_synced = on_synced
@@ -266,7 +269,7 @@ class Watcher:
                 self._resource, namespace=self._namespace, label_selector=self._label_selector,
                 field_selector=self._field_selector,
                 limit=self._page_size if not rv else None, resource_version=rv or None,
-                into=self._new_list)
+                into=self._new_list, **self._shard)
         except Exception as err:  # every failure is an input; the table decides
             return failure(err)
         meta = result.get("metadata") if isinstance(result, dict) else None
@@ -288,7 +291,8 @@ class Watcher:
                 allow_bookmarks=True, timeout_seconds=self.watch_timeout_seconds,
                 stall_timeout_seconds=self._stall_timeout_seconds,
                 **({"send_initial_events": True} if send_initial_events else {}),
-                **({"skip_managed_fields": True} if self._skip_managed_fields else {}))
+                **({"skip_managed_fields": True} if self._skip_managed_fields else {}),
+                **self._shard)
         except Exception as err:
             inp = failure(err)
             if inp.reason == "stall":

@@ -219,7 +219,8 @@ class LeaderElector:
                  metrics: Metrics | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], _dt.datetime] = _utc_now,
-                 rng: Callable[[], float] = random.random):
+                 rng: Callable[[], float] = random.random,
+                 decorate: Callable[[dict], None] | None = None):
         if not identity:
             raise ValueError("leader election needs a non-empty identity")
         if not 0 < retry_period_seconds * JITTER_FACTOR < renew_deadline_seconds \
@@ -242,6 +243,10 @@ class LeaderElector:
         self._clock = clock
         self._wall_clock = wall_clock
         self._rng = rng
+        # Called on every Lease body we are about to write (create, renew,
+        # release), to set labels or annotations of the caller's (sharding.py
+        # publishes a member's slots this way); None: the body as it is.
+        self._decorate = decorate
         self.metrics.init_leader(name)
 
         self._lock = threading.Lock()           # guards the four fields below
@@ -342,6 +347,7 @@ class LeaderElector:
         body = copy.deepcopy(lease)
         spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
         body["spec"] = {**spec, **record.to_spec()}   # keep fields we do not manage
+        self._decorated(body)
         try:
             written = self._client.replace(LEASES, body, namespace=self.namespace)
         except errors.ConflictError:
@@ -360,12 +366,19 @@ class LeaderElector:
         body = {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
                 "metadata": {"name": self.name, "namespace": self.namespace},
                 "spec": record.to_spec()}
+        self._decorated(body)
         try:
             written = self._client.create(LEASES, body, namespace=self.namespace)
         except errors.ConflictError:   # AlreadyExists: another candidate created it first
             return False
         self._hold(written, start, takeover=True)
         return True
+
+    def _decorated(self, body: dict) -> None:
+        if self._decorate is not None:
+            if not isinstance(body.get("metadata"), dict):
+                body["metadata"] = {}
+            self._decorate(body)
 
     def _see_locked(self, record: LeaderRecord, now: float) -> None:
         previous = self._observed
@@ -499,6 +512,7 @@ class LeaderElector:
             spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
             body["spec"] = {**spec,
                             **release_record(current, micro_time(self._wall_clock())).to_spec()}
+            self._decorated(body)
             try:
                 written = self._client.replace(LEASES, body, namespace=self.namespace)
             except (errors.ApiError, errors.TransportError) as exc:

@@ -57,6 +57,8 @@ from .deletionwatch import DeletionWatches
 from .events import EventRecorder
 from .leader import LeaderElector
 from .runner import Result, Runner
+from .sharding import ShardMember
+from ..core import shards as _shards
 from .workqueue import WorkQueue
 
 __all__ = ["Manager"]
@@ -106,6 +108,8 @@ class Manager:
                  resync_period_seconds: float = 36000.0,
                  metrics_secure: bool = False,
                  metrics_cert_dir: str | None = None,
+                 shards: bool = False,
+                 shard_label: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  exit_process: Callable[[int], None] = os._exit):
         self.name = name
@@ -130,8 +134,35 @@ class Manager:
         self.metrics = Metrics(self.registry, process_collectors=registry is None)
         self.metrics.init_build_info(name, VERSION)
 
+        # Sharding (docs/SHARDING.md): each replica a member of the ring by its
+        # own Lease, named after the pod ($POD_NAME, else the host name).
+        member_name = (os.environ.get("POD_NAME") or socket.gethostname()).lower()
+        agent = user_agent(name, _MAJOR_MINOR)
+        if shards:
+            if leader_elect:
+                raise ConfigError("--shards", "sharding and leader election exclude each other",
+                                  "drop --leader-elect: with --shards=auto every replica works")
+            if not shard_label or "/" not in shard_label:
+                raise ConfigError("shard_label", f"{shard_label!r} is not a label key with a "
+                                  "domain", "pass the children's slot label, e.g. "
+                                  "sharding.example.com/slot")
+            agent += f" shard/{member_name}"     # who wrote what, in the audit log
         self.client = ApiClient.from_config(config, qps=qps, burst=burst, metrics=self.metrics,
-                                            user_agent=user_agent(name, _MAJOR_MINOR))
+                                            user_agent=agent)
+        self._shard_label = shard_label
+        self._member: ShardMember | None = None
+        self._shard_primaries: list[Informer] = []
+        self._shard_children: list[tuple[Informer, str | None]] = []
+        if shards:
+            self._member = ShardMember(
+                ApiClient(self.client.transport),
+                namespace=leader_election_namespace or config.namespace, app=name,
+                member_name=member_name,
+                identity=f"{member_name}_{uuid.uuid4().hex[:10]}",
+                label_domain=shard_label.partition("/")[0], on_change=self._reselect,
+                metrics=self.metrics, clock=clock,
+                drain_timeout_seconds=graceful_shutdown_timeout_seconds)
+            self.client.write_guard = self._member.check
         self._elector: LeaderElector | None = None
         if leader_elect:
             lease_name = leader_election_id or name
@@ -199,6 +230,8 @@ class Manager:
         self.readyz = HealthChecks()
         self.readyz.add("shutdown", lambda: (not self._is_stopping(),
                                               "shutting down" if self._is_stopping() else "ok"))
+        if self._member is not None:
+            self.readyz.add("shards", self._member.ready)
 
     # ---- building -------------------------------------------------------
 
@@ -260,6 +293,11 @@ class Manager:
             informer = self._informer(owned, owns_label_selector, transforms.get(owned))
             informer.add_handler(owner_key(resource.kind, resource.group), queue)
             informers.append(informer)
+            if self._member is not None:
+                self._shard_children.append((informer, owns_label_selector))
+        if self._member is not None:
+            self._shard_primaries.append(primary)
+            reconcile = self._sharded(reconcile, primary)
         runner = Runner(name, queue, reconcile, workers=workers, metrics=self.metrics,
                         clock=self._clock, can_start=self._may_reconcile,
                         log_context=functools.partial(reconcile_context, kind=resource.kind,
@@ -269,6 +307,39 @@ class Manager:
         self.healthz.add(f"workers-{name}", lambda r=runner: (r.threads_alive(),
                                                                "ok" if r.threads_alive()
                                                                else "a worker thread died"))
+
+    def _sharded(self, reconcile: Callable[[ObjectKey], Result | None],
+                 primary: Informer) -> Callable[[ObjectKey], Result | None]:
+        """The reconcile of a sharded controller: only for objects of held slots
+        (a key of another slot is dropped: its owner has it), writes fenced by
+        slot, and counted in flight so a release waits for it. A key whose
+        object is not cached reconciles as before (to "gone": nothing to write)."""
+        member = self._member
+        assert member is not None
+
+        def reconcile_in_slot(key: ObjectKey) -> Result | None:
+            obj = primary.store.get(key)
+            slot = _shards.slot_of_hash(_shards.object_hash(obj)) if obj is not None else None
+            with member.working(slot) as mine:
+                if not mine:
+                    return None
+                return reconcile(key)
+        return reconcile_in_slot
+
+    def _reselect(self, held: frozenset[int]) -> None:
+        """The held slots changed: every sharded informer watches the new share."""
+        if not held:
+            for informer in [*self._shard_primaries, *(i for i, _ in self._shard_children)]:
+                informer.reselect(nothing=True)
+            return
+        ranges = _shards.ranges_of_slots(held)
+        for informer in self._shard_primaries:
+            informer.reselect(shard_selector=ranges.shard_selector(),
+                              keep=lambda obj, r=ranges: _shards.keeps(obj, r))
+        assert self._shard_label is not None
+        slot_selector = _shards.slot_label_selector(self._shard_label, held)
+        for informer, base in self._shard_children:
+            informer.reselect(label_selector=f"{base},{slot_selector}" if base else slot_selector)
 
     def event_recorder(self, component: str | None = None, *,
                        timeout_seconds: float = 5.0) -> EventRecorder:
@@ -385,6 +456,8 @@ class Manager:
         """The gate every worker checks before it starts a reconcile."""
         if self._is_stopping() or not self._caches_synced():
             return False
+        if self._member is not None and not self._member.is_member():
+            return False
         return self._elector is None or self._elector.is_leader()
 
     def is_leader(self) -> bool:
@@ -427,8 +500,12 @@ class Manager:
             limit_arenas(MALLOC_ARENAS)
         self._start_servers()
         self._cache_fill.begin()
+        if self._member is not None:
+            self._reselect(frozenset())     # nothing until slots are claimed
         for informer in self._informers.values():
             informer.start()
+        if self._member is not None:
+            self._member.start()
         if self._elector is not None:
             t = threading.Thread(target=self._elector.run, name="leader-election",
                                  args=(self._elector_stop, self._on_started_leading,
@@ -539,6 +616,8 @@ class Manager:
                 self._elector.release()
             except Exception:
                 log.exception("releasing the leader lease failed")
+        if self._member is not None:
+            self._member.leave()        # the others claim our slots at once
         for watches in self._deletion_watches.values():
             watches.stop()
         for informer in self._informers.values():

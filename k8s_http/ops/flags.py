@@ -250,6 +250,10 @@ def add_manager_flags(parser: argparse.ArgumentParser, app_name: str, *,
                          "kubeconfig context's)")
     ha.add_argument("--leader-election-id", type=lease_name, metavar="NAME", default=app_name,
                     help="name of the Lease")
+    ha.add_argument("--shards", choices=("off", "auto"), default="off",
+                    help="auto: every replica works on its share of the objects, each with "
+                         "a member Lease in --leader-election-namespace (instead of "
+                         "--leader-elect; docs/SHARDING.md)")
 
     serve = parser.add_argument_group("endpoints")
     serve.add_argument("--metrics-bind-address", type=bind_address, default=":8080",
@@ -289,6 +293,8 @@ def manager_options(args: argparse.Namespace) -> dict:
         qps=args.qps, burst=args.burst,
         graceful_shutdown_timeout_seconds=args.graceful_shutdown_timeout,
         metrics_secure=args.metrics_secure, metrics_cert_dir=args.metrics_cert_dir,
+        # Only when asked for: without it the options are what they always were.
+        **({"shards": True} if getattr(args, "shards", "off") == "auto" else {}),
     )
 
 

@@ -282,6 +282,25 @@ class Metrics:
         self.leader_election_master_status.labels(lease_name).set(0)
         self.leader_election_slowpath_total.labels(lease_name)
 
+    def init_shards(self) -> None:
+        """Sharding's families (--shards=auto, control/sharding.py), registered only
+        when a replica shards, so that without it the exposition is unchanged."""
+        if hasattr(self, "shard_slots_held"):
+            return
+        r = self.registry
+        self.shard_slots_held = Gauge(
+            "k8s_http_shard_slots_held", "Slots (of 256) this replica works on", registry=r)
+        self.shard_members = Gauge(
+            "k8s_http_shard_members", "Live members of the ring as this replica sees them",
+            registry=r)
+        self.shard_claim_conflicts_total = Counter(
+            "k8s_http_shard_claim_conflicts_total",
+            "Claims withdrawn because another member claimed first", registry=r)
+        self.shard_server_filtered = Gauge(
+            "k8s_http_shard_server_filtered",
+            "1 if the apiserver applied shardSelector to a probe list of Leases "
+            "(KEP-5866 gate on), else 0", registry=r)
+
 
 class TalliedCounter:
     """A counter family summed at scrape time from tallies, each written by one thread.

@@ -90,7 +90,8 @@ class ApiClient:
     def list(self, resource: Resource, *, namespace: str | None = None,
              label_selector: str | None = None, field_selector: str | None = None,
              limit: int | None = 500, resource_version: str | None = None,
-             into: Callable[[], MutableSequence] = list) -> dict:
+             into: Callable[[], MutableSequence] = list,
+             shard_selector: str | None = None) -> dict:
         """All pages merged: {"apiVersion", "kind", "metadata": {"resourceVersion"}, "items"}.
 
         Items get apiVersion and kind filled in (the apiserver leaves them out
@@ -100,12 +101,14 @@ class ApiClient:
         so the result is always one consistent snapshot.
 
         `into()` makes the container the items are appended to as each page
-        arrives (made again if the list starts over): a Store's `StoreList` keeps each
-        in the store's form, so a long list is never held as dicts.
+        arrives (made again if the list starts over): a Store's `StoreList`
+        keeps each in the store's form, so a long list is never held as dicts.
+        `shard_selector`: KEP-5866's `shardSelector` (k8s_http.core.shards); an
+        apiserver without the feature ignores it, so the caller filters too.
         """
         path = resource.path(namespace if resource.namespaced else None)
         base = {"labelSelector": label_selector, "fieldSelector": field_selector,
-                "resourceVersion": resource_version}
+                "resourceVersion": resource_version, "shardSelector": shard_selector}
         query = dict(base, limit=limit or None)
         pages = []
         items = into()
@@ -135,7 +138,8 @@ class ApiClient:
               timeout_seconds: float | None = None,
               stall_timeout_seconds: float = WATCH_STALL_TIMEOUT_SECONDS,
               send_initial_events: bool = False,
-              skip_managed_fields: bool = False) -> "WatchStream":
+              skip_managed_fields: bool = False,
+              shard_selector: str | None = None) -> "WatchStream":
         """A watch from `resource_version` ("" or None: from now, with the current state).
 
         `send_initial_events`: a streaming list (client-go's WatchList): the
@@ -144,6 +148,9 @@ class ApiClient:
         "true"`, then carries on as a watch. It needs bookmarks, so they are
         requested whatever `allow_bookmarks` says. An apiserver without the
         feature refuses it (422) or ignores it (see watchstep.py).
+        `shard_selector` (list and watch): KEP-5866's `shardSelector`
+        (k8s_http.core.shards writes it); ignored by an apiserver without the
+        gate, so callers filter too.
 
         `skip_managed_fields`: the objects come without
         metadata.managedFields, which are then never decoded
@@ -156,7 +163,8 @@ class ApiClient:
                  else None,
                  "sendInitialEvents": "true" if send_initial_events else None,
                  "resourceVersionMatch": "NotOlderThan" if send_initial_events else None,
-                 "timeoutSeconds": str(int(timeout_seconds)) if timeout_seconds else None}
+                 "timeoutSeconds": str(int(timeout_seconds)) if timeout_seconds else None,
+                 "shardSelector": shard_selector}
         stream = self.transport.stream(path, query=query,
                                        read_timeout_seconds=stall_timeout_seconds)
         return WatchStream(stream, stall_timeout_seconds=stall_timeout_seconds,
@@ -314,8 +322,13 @@ def _merge_pages(pages: list[dict], resource: Resource, items: MutableSequence) 
     first, last = pages[0], pages[-1]
     api_version, list_kind = _list_type(first, resource)
     rv = (last.get("metadata") or {}).get("resourceVersion", "")
-    return {"apiVersion": api_version, "kind": list_kind,
-            "metadata": {"resourceVersion": rv}, "items": items}
+    meta = {"resourceVersion": rv}
+    # KEP-5866: the server's echo of a shardSelector it applied (on every page;
+    # absent when it ignored the selector), for shards.is_server_filtered.
+    shard_info = (first.get("metadata") or {}).get("shardInfo")
+    if shard_info is not None:
+        meta["shardInfo"] = shard_info
+    return {"apiVersion": api_version, "kind": list_kind, "metadata": meta, "items": items}
 
 
 class WatchStream:

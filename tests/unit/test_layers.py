@@ -274,6 +274,7 @@ EXPECTED_API = [
     "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
     # quantities, and whether a server-side apply would change an object
     "parse_quantity", "same_quantity", "needs_apply", "port_key", "with_config_hash",
+    "slot_of", "slot_label_value",
     "config_hash",
     # the apiserver's name rules
     "is_dns1123_label", "is_dns1123_subdomain", "is_dns1035_label", "is_env_var_name",

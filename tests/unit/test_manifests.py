@@ -681,3 +681,29 @@ def test_readme_metrics_table_is_what_the_code_exports():
             ("_info" if family.type == "info" else "")
         exported[name] = set().union(*(set(s.labels) - {"le"} for s in family.samples))
     assert _readme_metrics_table() == exported
+
+
+def test_sharding_overlay_runs_three_members_with_list_on_leases():
+    """overlays/sharding: --shards=auto instead of --leader-elect, 3 replicas, each
+    Pod naming its member Lease, and `list` on leases (the ring) in the Role."""
+    component = "components/sharding"
+    assert kustomization("overlays/sharding")["resources"] == ["../../base"]
+    assert kustomization("overlays/sharding")["components"] == [f"../../{component}"]
+    patches = {p["target"]["kind"]: p for p in kustomization(component)["patches"]}
+    deployment = json_patch(DEPLOYMENT, load(f"{component}/{patches['Deployment']['path']}")[0])
+    assert deployment["spec"]["replicas"] == 3
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = controller.build_parser().parse_args(container["args"])
+    assert args.shards == "auto" and not args.leader_elect
+    assert args.leader_election_namespace is None
+    (env,) = container["env"]
+    assert env["name"] == "POD_NAME"
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    role = one(RBAC, "Role", "my-controller-leader-election")
+    assert patches["Role"]["target"]["name"] == role["metadata"]["name"]
+    patched = json_patch(role, load(f"{component}/{patches['Role']['path']}")[0])
+    (rule,) = patched["rules"]
+    assert rule["resources"] == ["leases"]
+    assert set(rule["verbs"]) == {"get", "create", "update", "list"}
+    # The default install is untouched: leader election, one replica.
+    assert "overlays/sharding/" in (MANIFESTS / "kustomization.yaml").read_text()

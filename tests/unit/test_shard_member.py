@@ -1,0 +1,338 @@
+"""k8s_http.control.sharding: the member Lease, the handshake, the fence; and the
+informer's reselect (issue 37, docs/SHARDING.md)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+
+import pytest
+
+from k8s_http.cache.informer import Informer, own_key
+from k8s_http.control.leader import LeaderRecord, Observation
+from k8s_http.control.sharding import (NotOwnerError, ShardMember, current_slot, decode_slots,
+                                       encode_slots, live_claims, plan)
+from k8s_http.core import shards
+from k8s_http.core.objects import LEASES, ObjectKey
+from k8s_http.core.shards import SLOTS, ranges_of_slots, slots_of
+from k8s_http.ops.metrics import Metrics
+from tests.support.clock import FakeClock
+from tests.support.fake_client import InMemoryApiClient
+from tests.unit.test_informer_mappers import Queue
+
+ANNOTATION = "sharding.example.com/slots"
+
+
+def lease(name, holder, slots=(), duration=15):
+    return {"metadata": {"name": name, "annotations": {ANNOTATION: encode_slots(slots)}},
+            "spec": LeaderRecord(holder, duration).to_spec()}
+
+
+def test_the_bitmap_round_trips_and_garbage_reads_as_nothing():
+    for slots in (set(), {0}, {255}, set(range(0, 256, 3))):
+        text = encode_slots(slots)
+        assert len(text) == SLOTS // 4
+        assert decode_slots(text) == frozenset(slots)
+    for garbage in (None, "", "xyz", 12):
+        assert decode_slots(garbage) == frozenset()
+    with pytest.raises(ValueError):
+        encode_slots([256])
+
+
+def test_live_claims_skip_our_lease_released_leases_and_expired_ones():
+    observed: dict[str, Observation] = {}
+    leases = [lease("me", "me_1", {1}), lease("b", "b_1", {2, 3}), lease("c", "", {4}),
+              lease("d", "d_1", {5})]
+    members, claims = live_claims(leases, "me", ANNOTATION, observed, now=100.0)
+    assert members == {"b_1", "d_1"}                      # "c" was released: no holder
+    assert claims == {"b_1": {2, 3}, "d_1": {5}}
+    # d renews (its record changes), b does not: 15 s later b is expired, d is not.
+    leases[3]["spec"]["renewTime"] = "2026-01-01T00:00:01.000000Z"
+    live_claims(leases, "me", ANNOTATION, observed, now=110.0)
+    members, claims = live_claims(leases, "me", ANNOTATION, observed, now=115.0)
+    assert members == {"d_1"} and claims == {"d_1": {5}}
+    # A Lease that disappeared is forgotten.
+    live_claims(leases[:1], "me", ANNOTATION, observed, now=116.0)
+    assert observed == {}
+
+
+def test_plan_releases_what_is_no_longer_ours_and_claims_only_what_is_free():
+    want_alone = slots_of("a", {"a"})
+    assert want_alone == frozenset(range(SLOTS))
+    step = plan("a", set(), frozenset(), {})
+    assert step.claim == want_alone and not step.release
+    # b joins, holding nothing yet: a releases b's share and claims nothing.
+    step = plan("a", {"b"}, want_alone, {"b": frozenset()})
+    assert step.release == slots_of("b", {"a", "b"}) and not step.claim
+    # b may claim its share only once a no longer lists it.
+    b_share = slots_of("b", {"a", "b"})
+    assert plan("b", {"a"}, frozenset(), {"a": want_alone}).claim == frozenset()
+    assert plan("b", {"a"}, frozenset(), {"a": want_alone - b_share}).claim == b_share
+
+
+class Ring:
+    """Members on one in-memory apiserver, each with its own clock reading."""
+
+    def __init__(self):
+        self.client = InMemoryApiClient()
+        self.client.lists = self._list
+        self.clock = FakeClock()
+        self.changes: dict[str, list[frozenset[int]]] = {}
+
+    def _list(self, resource, *, namespace=None, label_selector=None, **_):
+        key, _, value = (label_selector or "").partition("=")
+        items = [o for (plural, _k), o in self.client.objects.items() if plural == resource.plural
+                 and (not key or (o["metadata"].get("labels") or {}).get(key) == value)]
+        return {"metadata": {"resourceVersion": self.client.next_resource_version()},
+                "items": [dict(o) for o in items]}
+
+    def member(self, name) -> ShardMember:
+        self.changes[name] = []
+        return ShardMember(self.client, namespace="ns", app="app", member_name=name,
+                           identity=f"{name}_x", label_domain="sharding.example.com",
+                           on_change=self.changes[name].append, metrics=Metrics(),
+                           clock=self.clock)
+
+
+def join(member: ShardMember) -> None:
+    assert member.elector.try_acquire_or_renew()
+
+
+def two_members(ring: Ring) -> tuple[ShardMember, ShardMember]:
+    a, b = ring.member("a"), ring.member("b")
+    join(a), join(b)
+    return a, b
+
+
+def test_members_split_the_slots_without_overlap_and_hand_over_on_leave():
+    ring = Ring()
+    a, b = ring.member("a"), ring.member("b")
+    join(a)
+    a.tick()
+    assert a.held == frozenset(range(SLOTS)) and a.ready()[0]
+    assert ring.changes["a"][-1] == a.held
+    lease_a = ring.client.get(LEASES, "app-member-a", namespace="ns")
+    assert lease_a["metadata"]["labels"] == {"sharding.example.com/ring": "app"}
+    assert decode_slots(lease_a["metadata"]["annotations"]["sharding.example.com/slots"]) \
+        == a.held
+    join(b)
+    b.tick()
+    assert b.held == frozenset()          # everything is still listed by a
+    a.tick()                              # a sees b, releases b's share, publishes
+    b.tick()                              # b claims it
+    members = {"a_x", "b_x"}
+    assert a.held == slots_of("a_x", members) and b.held == slots_of("b_x", members)
+    assert a.held | b.held == frozenset(range(SLOTS)) and not a.held & b.held
+    b.leave()                             # SIGTERM: Lease released, nothing listed
+    assert b.held == frozenset()
+    a.tick()
+    assert a.held == frozenset(range(SLOTS))
+
+
+def test_a_dead_members_slots_move_only_once_its_lease_expired():
+    ring = Ring()
+    a, b = two_members(ring)
+    for m in (a, b, a, b):
+        m.tick()
+    b_share = b.held
+    assert b_share
+    ring.clock.advance(14.0)              # b is silent (killed); a renews
+    join(a)
+    a.tick()
+    assert a.held == frozenset(range(SLOTS)) - b_share
+    ring.clock.advance(1.0)               # 15 s since b's Lease last changed
+    join(a)
+    a.tick()
+    assert a.held == frozenset(range(SLOTS))
+
+
+def test_a_claim_that_loses_the_race_is_withdrawn():
+    ring = Ring()
+    a, b = two_members(ring)
+    # b claims between a's first list and a's confirming list.
+    real = ring._list
+    calls = []
+
+    def list_then_b_claims(resource, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            b._published = frozenset({7})
+            join(b)
+        return real(resource, **kw)
+    ring.client.lists = list_then_b_claims
+    a._members = set()
+    a.tick()
+    assert 7 not in a.held
+    lease_a = ring.client.get(LEASES, "app-member-a", namespace="ns")
+    assert 7 not in decode_slots(lease_a["metadata"]["annotations"]["sharding.example.com/slots"])
+
+
+def test_the_fence_refuses_writes_outside_held_slots_and_without_the_lease():
+    ring = Ring()
+    a = ring.member("a")
+    with pytest.raises(NotOwnerError):
+        a.check()                         # no Lease yet
+    join(a)
+    a.tick()
+    a.check()                             # outside a reconcile: the Lease is enough
+    with a.working(3) as mine:
+        assert mine and current_slot() == 3
+        a.check()
+    assert current_slot() is None
+    a._release(frozenset({3}))
+    with a.working(3) as mine:
+        assert not mine
+    with a.working(4) as mine:
+        assert mine
+    ring.clock.advance(10.0)              # past the renew deadline
+    with pytest.raises(NotOwnerError):
+        a.check()
+
+
+def test_a_release_waits_for_the_slots_reconciles_in_flight():
+    ring = Ring()
+    a = ring.member("a")
+    join(a)
+    a.tick()
+    entered, leave = threading.Event(), threading.Event()
+
+    def reconcile():
+        with a.working(5):
+            entered.set()
+            leave.wait(5)
+    worker = threading.Thread(target=reconcile)
+    worker.start()
+    entered.wait(5)
+    releaser = threading.Thread(target=a._release, args=(frozenset({5}),))
+    releaser.start()
+    releaser.join(0.2)
+    assert releaser.is_alive() and ring.changes["a"][-1] == frozenset(range(SLOTS))
+    leave.set()
+    releaser.join(5)
+    worker.join(5)
+    assert ring.changes["a"][-1] == frozenset(range(SLOTS)) - {5}
+
+
+def my(name, uid):
+    return {"apiVersion": "mine.jp/v1", "kind": "My",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "1"}}
+
+
+def test_reselect_filters_client_side_and_drops_what_left_without_a_deletion():
+    from k8s_http.core.objects import Resource
+    resource = Resource("mine.jp", "v1", "mys", "My")
+    inf = Informer(client=None, resource=resource, namespaces=["ns"])
+    queue = Queue()
+    inf.add_handler(own_key, queue)
+    rng = random.Random(37)     # uids spread; similar strings would not (docs/SHARDING.md)
+    objs = [my(f"m{i}", str(uuid.UUID(int=rng.getrandbits(128)))) for i in range(40)]
+    low = ranges_of_slots(range(128))
+    inf._on_sync("ns", objs)
+    assert len(inf.store) == 40
+    inf.reselect(shard_selector=low.shard_selector(), keep=lambda o: shards.keeps(o, low))
+    # The new watchers' list: the server may ignore the selector; the filter keeps our share.
+    generation = inf._generation
+    queue.keys.clear()
+    inf._deliver(generation, inf._on_sync, "ns", objs)
+    kept = {o["metadata"]["name"] for o in objs if shards.keeps(o, low)}
+    assert 0 < len(kept) < 40
+    assert {k.name for k in inf.store.keys()} == kept
+    assert inf.dropped == 40 - len(kept)
+    # Those that left are enqueued like a relist's vanished objects (keys only).
+    assert {k.name for k in queue.keys} == {o["metadata"]["name"] for o in objs}
+    # A replaced watcher's late deliveries are ignored; out-of-range events are dropped.
+    outside = next(o for o in objs if not shards.keeps(o, low))
+    inf.reselect(keep=None)       # a watcher of the previous generation delivers late
+    inf._deliver(generation, inf._on_event, "ADDED", outside)
+    assert ObjectKey("ns", outside["metadata"]["name"]) not in set(inf.store.keys())
+    inf.reselect(shard_selector=low.shard_selector(), keep=lambda o: shards.keeps(o, low))
+    inf._on_event("ADDED", outside)
+    assert ObjectKey("ns", outside["metadata"]["name"]) not in set(inf.store.keys())
+    inf.reselect(nothing=True)
+    assert len(inf.store) == 0 and inf.has_synced()
+
+
+# ---------------------------------------------------------------------------
+# The Manager's wiring (not started: no I/O)
+
+def sharded_manager(monkeypatch, **kw):
+    from k8s_http import ClusterConfig, Manager
+    monkeypatch.setenv("POD_NAME", "pod-0")
+    return Manager(ClusterConfig(server="http://127.0.0.1:9", namespace="sys"), "app",
+                   metrics_bind_address="0", health_probe_bind_address="0", shards=True,
+                   shard_label="sharding.example.com/slot", **kw)
+
+
+def test_sharding_excludes_leader_election_and_needs_a_label_with_a_domain(monkeypatch):
+    from k8s_http import ConfigError
+    with pytest.raises(ConfigError, match="exclude each other"):
+        sharded_manager(monkeypatch, leader_elect=True)
+    from k8s_http import ClusterConfig, Manager
+    with pytest.raises(ConfigError, match="domain"):
+        Manager(ClusterConfig(server="http://127.0.0.1:9"), "app", shards=True,
+                shard_label="slot", metrics_bind_address="0", health_probe_bind_address="0")
+
+
+def test_the_manager_runs_only_reconciles_of_held_slots_fenced_and_reselects(monkeypatch):
+    from k8s_http.core.objects import DEPLOYMENTS, Resource
+    mgr = sharded_manager(monkeypatch, namespaces=["ns"])
+    member = mgr._member
+    assert member.lease_name == "app-member-pod-0" and member.namespace == "sys"
+    assert mgr.client.transport.user_agent.endswith(" shard/pod-0")
+    assert mgr.client.write_guard == member.check
+    resource = Resource("mine.jp", "v1", "mys", "My")
+    seen = []
+
+    def reconcile(key):
+        seen.append((key, current_slot()))
+        member.check()
+    mgr.add_controller(resource, reconcile, owns=[DEPLOYMENTS], owns_label_selector="a=b")
+    runner = mgr._controllers[0].runner
+    primary = mgr._controllers[0].primary
+    rng = random.Random(5)
+    objs = [my(f"m{i}", str(uuid.UUID(int=rng.getrandbits(128)))) for i in range(20)]
+    primary._on_sync("ns", objs)
+    slots = {o["metadata"]["name"]: shards.slot_of(o["metadata"]["uid"]) for o in objs}
+    ours = frozenset(list(slots.values())[:5])
+    member.elector._renewed_at = member.elector._clock()     # the Lease is held
+    with member._cond:
+        member._held = ours
+    for name in slots:
+        assert runner._reconcile(ObjectKey("ns", name)) is None
+    assert {k.name for k, _ in seen} == {n for n, s in slots.items() if s in ours}
+    assert all(slot == slots[k.name] for k, slot in seen)
+    seen.clear()
+    runner._reconcile(ObjectKey("ns", "not-cached"))          # no slot: "gone", still run
+    assert seen == [(ObjectKey("ns", "not-cached"), None)]
+
+    mgr._reselect(ours)
+    (watcher,) = primary.watchers
+    assert watcher._shard == {"shard_selector": ranges_of_slots(ours).shard_selector()}
+    (child,) = mgr._shard_children
+    (child_watcher,) = child[0].watchers
+    assert child_watcher._label_selector == "a=b," + shards.slot_label_selector(
+        "sharding.example.com/slot", ours)
+    mgr._reselect(frozenset())
+    assert primary.watchers == [] and len(primary.store) == 0 and primary.has_synced()
+
+
+def test_children_carry_their_owners_slot_only_when_sharding():
+    import controller
+    from k8s_http import Store
+    from my.spec import MY, SLOT_LABEL
+    from k8s_http.core.objects import DEPLOYMENTS, SERVICES
+    stores = {MY: Store(), DEPLOYMENTS: Store(), SERVICES: Store()}
+    body = dict(my("web", "5f2b9c1e-0d7a-4c59-a0e4-3f1a2b3c4d5e"),
+                spec={"image": "nginx:1.27", "replicas": 1, "port": 8080})
+    kwargs = dict(watch_for_deletion=lambda *a: True, cancel_deletion_watches=lambda o: None)
+    plain = controller.MyReconciler(None, stores, **kwargs)._validate_and_render(body)[1]
+    sharded = controller.MyReconciler(None, stores, slot_label=SLOT_LABEL,
+                                      **kwargs)._validate_and_render(body)[1]
+    slot = str(shards.slot_of(body["metadata"]["uid"]))
+    for a, b in zip(plain, sharded):
+        assert SLOT_LABEL not in a["metadata"]["labels"]
+        assert b["metadata"]["labels"][SLOT_LABEL] == slot
+        # The config hash covers the label (a child without it is applied again).
+        assert a["metadata"]["annotations"] != b["metadata"]["annotations"]
+    assert ("metadata", "labels", SLOT_LABEL) in controller._CHILD_META
