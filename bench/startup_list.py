@@ -122,8 +122,8 @@ def ensure_fleet(kubeconfig: str, n: int) -> None:
             client.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
         except AlreadyExistsError:
             pass
-        have = {o["metadata"]["name"] for o in client.list(CONFIGMAPS, namespace=NAMESPACE,
-                                                            transform=None)["items"]}
+        have = {o["metadata"]["name"]
+                for o in client.list(CONFIGMAPS, namespace=NAMESPACE)["items"]}
         missing = [i for i in range(n) if f"cm-{i:06d}" not in have]
 
         def create(i: int) -> None:

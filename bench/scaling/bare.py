@@ -53,15 +53,26 @@ class NotStreaming(Exception):
 def paged_list(client: ApiClient, resource: Resource, namespace: str | None,
                label_selector: str | None = None) -> int:
     """Items read by a paged list; each item is dropped as its page arrives."""
-    count = 0
+    sinks: list[_Counted] = []
 
-    def drop(_item: dict) -> None:
-        nonlocal count
-        count += 1               # None is not a dict: the merged list keeps nothing
+    def new_sink() -> _Counted:          # made again if the list starts over
+        sinks.append(_Counted())
+        return sinks[-1]
 
     client.list(resource, namespace=namespace, label_selector=label_selector,
-                limit=PAGE_SIZE, transform=drop)
-    return count
+                limit=PAGE_SIZE, into=new_sink)
+    return sinks[-1].count
+
+
+class _Counted:
+    """A list's container (ApiClient.list's `into`; `append` is all it calls)
+    that keeps nothing but a count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def append(self, _item: dict) -> None:
+        self.count += 1
 
 
 def _stream(client: ApiClient, resource: Resource, namespace: str | None) -> int:
