@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from k8s_http.core.objects import DEPLOYMENTS, ObjectKey
-from k8s_http.cache.watchstep import Listing, Streaming, Watching
+from k8s_http.cache.watchstep import Watching
 from tests.integration.test_informer import (NS, PATH, deployment, is_watch, lists, running,
                                              sample, synced)
 from tests.support.fake_apiserver import (FakeApiServer, call, chunk, http_head, raw, sequence,
@@ -168,7 +168,8 @@ def test_ignored_parameters_fall_back_at_the_first_plain_bookmark_and_stay_paged
             synced(informer)
             assert names(informer) == ["a", "b"]
             assert len(lists(server)) == 1
-            assert isinstance(informer.watchers[0].state, Watching)
+            # The cache is filled before the watcher adopts its next state.
+            eventually(lambda: isinstance(informer.watchers[0].state, Watching))
             # A relist after 410 is paged: the fallback is remembered.
             server.inject_watch_event(gone_event())
             eventually(lambda: len(lists(server)) == 2)
@@ -213,4 +214,8 @@ def test_streaming_can_be_turned_off_per_informer():
             synced(informer)
             assert streams(server) == []
             assert len(lists(server)) == 1
-            assert not isinstance(informer.watchers[0].state, (Streaming, Listing))
+            # The list fills the cache before the watcher adopts Watching (the
+            # Replace runs first), so the state is read once it has moved.
+            watcher = informer.watchers[0]
+            eventually(lambda: isinstance(watcher.state, Watching))
+            assert not watcher.state.stream and streams(server) == []
