@@ -18,8 +18,9 @@ The ring loop lists the ring's Leases every `poll_seconds` (a consistent
 read) and runs the handshake of docs/SHARDING.md section 4 (`plan` decides):
 
 1. release first: a held slot the member no longer owns in `assign(live)` is
-   fenced at once (the guard refuses its writes, its keys are dropped), its
-   in-flight reconciles are waited for, the informers drop it, and only then
+   released at once (no new reconcile of it starts: its keys are dropped),
+   its in-flight reconciles are waited for (they finish, writes included:
+   nobody else may write the slot yet), the informers drop it, and only then
    is the bitmap published without it. A slot whose reconciles outlive the
    wait stays published ("draining") until they return;
 2. claim only what no other live Lease lists;
@@ -32,10 +33,12 @@ read) and runs the handshake of docs/SHARDING.md section 4 (`plan` decides):
 
 Fencing: the runner's reconcile runs inside `working(slot)`, which sets a
 context variable; `check()` (the write guard) refuses a write unless the
-member Lease is held within its renew deadline and that slot is held. A
-reconcile of a key whose object is not cached runs with `UNCACHED`, which is
-never held: without an object there is no slot to fence by, and nothing to
-write. Writes outside a reconcile (Events) need only the Lease.
+member Lease is held within its renew deadline and that slot is still ours:
+held, or released but still published because this very reconcile (or
+another that began while it was held) has not returned. A reconcile of a key
+whose object is not cached runs with `UNCACHED`, never ours: without an
+object there is no slot to fence by, and nothing to write. Writes outside a
+reconcile (Events) need only the Lease.
 """
 
 from __future__ import annotations
@@ -184,9 +187,10 @@ class ShardMember:
 
     The slots, each set guarded by `_cond`:
 
-    - `_held`: the fence; reconciles of these slots may run and write;
-    - `_draining`: released, no longer held, but a reconcile of theirs is
-      still running, so they stay published and nobody may claim them;
+    - `_held`: new reconciles of these slots may start (and write);
+    - `_draining`: released, so no new reconcile starts, but one that began
+      while they were held is still running: they stay published, nobody
+      may claim them, and that reconcile may finish its writes;
     - `_published`: what every write of our Lease says.
 
     Invariants: `_held` and `_draining` are disjoint; the Lease lists (or is
@@ -271,15 +275,21 @@ class ShardMember:
         return True, f"{len(selected)} slots held"
 
     def check(self) -> None:
-        """The write guard: our Lease is current, and the reconcile's slot is ours."""
+        """The write guard: our Lease is current, and the reconcile's slot is ours
+        (held, or draining: published until the reconciles that began while it
+        was held return; no other reconcile of it can be running)."""
         if not self.elector.is_leader():
             raise NotOwnerError(f"member lease {self.namespace}/{self.lease_name} not held: "
                                 "write refused")
         slot = _SLOT.get()
+        if slot is None:
+            return
         if slot == UNCACHED:
             raise NotOwnerError("the reconciled object is not cached, so its slot is "
                                 "unknown: write refused")
-        if slot is not None and slot not in self.held:
+        with self._cond:
+            ours = slot in self._held or slot in self._draining
+        if not ours:
             raise NotOwnerError(f"slot {slot} is not held by this replica: write refused")
 
     @contextlib.contextmanager
@@ -415,13 +425,14 @@ class ShardMember:
             self._selected = held
 
     def _release_locked(self, slots: frozenset[int], *, publish: bool = True) -> None:
-        """Rule 1: fence `slots`, wait (bounded) for their reconciles, drop them from
-        the informers, then publish without the drained ones."""
+        """Rule 1: start no new reconcile of `slots`, wait (bounded) for those in
+        flight, drop the slots from the informers, then publish without the
+        drained ones."""
         if not slots:
             return
         started = self._clock()
         with self._cond:
-            self._held = self._held - slots          # fenced from here on
+            self._held = self._held - slots          # no new reconcile of them from here on
             self._draining = self._draining | slots
             self._m_slots.set(len(self._held))
             self._cond.wait_for(lambda: not self._running_locked(slots),

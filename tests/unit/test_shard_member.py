@@ -104,6 +104,11 @@ def join(member: ShardMember) -> None:
     assert member.elector.try_acquire_or_renew()
 
 
+def slots_annotation(ring, name):
+    lease = ring.client.get(LEASES, f"app-member-{name}", namespace="ns")
+    return decode_slots(lease["metadata"]["annotations"]["sharding.example.com/slots"])
+
+
 def release(member: ShardMember, slots: frozenset[int]) -> None:
     with member._transition:
         member._release_locked(slots)
@@ -200,17 +205,23 @@ def test_the_fence_refuses_writes_outside_held_slots_and_without_the_lease():
         a.check()
 
 
-def test_a_release_waits_for_the_slots_reconciles_in_flight():
+def test_a_release_waits_for_the_slots_reconciles_in_flight_and_lets_them_finish():
+    """No new reconcile of a released slot starts; one in flight finishes, its
+    writes allowed (half a reconcile refused would leave half-made children and
+    an error): the slot stays published until it returns, so nobody else writes."""
     ring = Ring()
     a = ring.member("a")
     join(a)
     a.tick()
     entered, leave = threading.Event(), threading.Event()
+    wrote = []
 
     def reconcile():
         with a.working(5):
             entered.set()
             leave.wait(5)
+            a.check()                     # after the release began: still allowed
+            wrote.append(5)
     worker = threading.Thread(target=reconcile)
     worker.start()
     entered.wait(5)
@@ -218,10 +229,15 @@ def test_a_release_waits_for_the_slots_reconciles_in_flight():
     releaser.start()
     releaser.join(0.2)
     assert releaser.is_alive() and ring.changes["a"][-1] == frozenset(range(SLOTS))
+    assert 5 in slots_annotation(ring, "a")
+    with a.working(5) as mine:
+        assert not mine                   # no new one
     leave.set()
     releaser.join(5)
     worker.join(5)
+    assert wrote == [5]
     assert ring.changes["a"][-1] == frozenset(range(SLOTS)) - {5}
+    assert 5 not in slots_annotation(ring, "a")
 
 
 def my(name, uid):
@@ -381,11 +397,6 @@ def test_a_write_from_the_reconcile_of_an_uncached_key_is_refused(monkeypatch):
         member._held = frozenset(range(SLOTS)) - {shards.slot_of(late["metadata"]["uid"])}
     mgr._controllers[0].runner._reconcile(ObjectKey("ns", "late"))
     assert refused == [ObjectKey("ns", "late")]
-
-
-def slots_annotation(ring, name):
-    lease = ring.client.get(LEASES, f"app-member-{name}", namespace="ns")
-    return decode_slots(lease["metadata"]["annotations"]["sharding.example.com/slots"])
 
 
 def test_slots_whose_reconciles_outlive_the_drain_stay_published_until_they_return():
