@@ -420,6 +420,12 @@ def test_kubectl_scale_one_to_three_to_one_under_a_stream_of_new_my(plane, api, 
         for op in kubelet.processes().values():
             op.expect_clean_exit(40)
         figures["processes run"] = sorted(kubelet.processes())
+        # Server-side filtering or the client-side fallback: said once by each replica.
+        said = "applies" if plane.gate == "true" else "ignores"
+        for op in kubelet.processes().values():
+            lines = [m for m in op.messages() if m.startswith("the apiserver ")]
+            assert lines and len(lines) == 1 and lines[0].startswith(
+                f"the apiserver {said} shardSelector"), (op, lines)
         phases = {"1 replica": owners_by_object(plane, namespace, until=up_wall),
                   "1 -> 3": owners_by_object(plane, namespace, since=up_wall, until=down_wall),
                   "3 -> 1": owners_by_object(plane, namespace, since=down_wall)}
