@@ -57,7 +57,7 @@ from .deletionwatch import DeletionWatches
 from .events import EventRecorder
 from .leader import LeaderElector
 from .runner import Result, Runner
-from .sharding import ShardMember
+from .sharding import UNCACHED, ShardMember
 from ..core import shards as _shards
 from .workqueue import WorkQueue
 
@@ -160,7 +160,7 @@ class Manager:
                 member_name=member_name,
                 identity=f"{member_name}_{uuid.uuid4().hex[:10]}",
                 label_domain=shard_label.partition("/")[0], on_change=self._reselect,
-                metrics=self.metrics, clock=clock,
+                on_drain_timeout=self._on_drain_timeout, metrics=self.metrics, clock=clock,
                 drain_timeout_seconds=graceful_shutdown_timeout_seconds)
             self.client.write_guard = self._member.check
         self._elector: LeaderElector | None = None
@@ -313,13 +313,17 @@ class Manager:
         """The reconcile of a sharded controller: only for objects of held slots
         (a key of another slot is dropped: its owner has it), writes fenced by
         slot, and counted in flight so a release waits for it. A key whose
-        object is not cached reconciles as before (to "gone": nothing to write)."""
+        object is not cached reconciles as before (to "gone": nothing to
+        write), with every write refused: should its object reach the cache
+        meanwhile (the watch of a slot just released still delivering), the
+        reconcile must not write for a slot it was never counted in."""
         member = self._member
         assert member is not None
 
         def reconcile_in_slot(key: ObjectKey) -> Result | None:
             obj = primary.store.get(key)
-            slot = _shards.slot_of_hash(_shards.object_hash(obj)) if obj is not None else None
+            slot = (_shards.slot_of_hash(_shards.object_hash(obj)) if obj is not None
+                    else UNCACHED)
             with member.working(slot) as mine:
                 if not mine:
                     return None
@@ -543,6 +547,17 @@ class Manager:
                       "lease; exiting", self.graceful_shutdown_timeout_seconds)
             self._exit_process(1)
 
+    def _on_drain_timeout(self, slots: frozenset[int]) -> None:
+        """Reconciles of released slots outlived the graceful timeout. The slots
+        stay published, so nobody takes them while those may still write; exit
+        so that they end, and the member Lease expires (as when a lost leader's
+        reconciles do not finish), rather than leave the slots unserved."""
+        if self._stop.is_set():
+            return
+        log.error("reconciles of %d released slots did not finish within %.0f s; exiting",
+                  len(slots), self.graceful_shutdown_timeout_seconds)
+        self._exit_process(1)
+
     def _wait_idle(self, timeout_seconds: float) -> bool:
         deadline = self._clock() + timeout_seconds
         for controller in self._controllers:
@@ -600,7 +615,8 @@ class Manager:
             log.info("Shutdown signal received, waiting for all workers to finish",
                      extra=_controller_keys(controller))
             controller.runner.stop()
-        if not self._wait_idle(self.graceful_shutdown_timeout_seconds):
+        idle = self._wait_idle(self.graceful_shutdown_timeout_seconds)
+        if not idle:
             log.error("in-flight reconciles did not finish within the graceful timeout")
             self._exit_code = 1
         else:
@@ -617,7 +633,9 @@ class Manager:
             except Exception:
                 log.exception("releasing the leader lease failed")
         if self._member is not None:
-            self._member.leave()        # the others claim our slots at once
+            # Idle: the others claim our slots at once. Not idle: a reconcile may
+            # still write, so the member Lease is left to expire, as after a crash.
+            self._member.leave(release=idle)
         for watches in self._deletion_watches.values():
             watches.stop()
         for informer in self._informers.values():

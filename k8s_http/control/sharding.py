@@ -10,26 +10,35 @@ labelled `<domain>/ring=<app>`, through a `LeaderElector` (leader.py: the
 same monotonic-clock rules, renewals and release; the Lease has one holder,
 us, so "leading" it means "being a member"). The Lease's annotation
 `<domain>/slots` publishes the slots the member works on (or claims), as a
-bitmap of SLOTS bits in hex (`encode_slots`).
+bitmap of SLOTS bits in hex (`encode_slots`). Every write of the Lease,
+renewals included, carries the annotation, so the Lease catches up with the
+member within a renewal period even when a write of the ring loop failed.
 
 The ring loop lists the ring's Leases every `poll_seconds` (a consistent
 read) and runs the handshake of docs/SHARDING.md section 4 (`plan` decides):
 
 1. release first: a held slot the member no longer owns in `assign(live)` is
-   fenced at once (the guard refuses its writes, its keys are dropped), its
-   in-flight reconciles are waited for, the informers drop it, and only then
-   is the bitmap published without it;
+   released at once (no new reconcile of it starts: its keys are dropped),
+   its in-flight reconciles are waited for (they finish, writes included:
+   nobody else may write the slot yet), the informers drop it, and only then
+   is the bitmap published without it. A slot whose reconciles outlive the
+   wait stays published ("draining") until they return;
 2. claim only what no other live Lease lists;
 3. confirm after the claiming write: a list made after it returns shows every
    write that landed before it; a slot another live Lease lists by then is
    withdrawn (both claimants may withdraw: the next round settles it);
 4. a Lease not seen changing for its duration (or with no holder: released)
-   lists nothing; its holder stopped at its renew deadline, 5 s before.
+   lists nothing; its holder stopped at its renew deadline, 5 s before. A
+   Lease that vanished (deleted) lists what it last listed until then.
 
 Fencing: the runner's reconcile runs inside `working(slot)`, which sets a
 context variable; `check()` (the write guard) refuses a write unless the
-member Lease is held within its renew deadline and that slot (if any) is
-held. Writes outside a reconcile (Events) need only the Lease.
+member Lease is held within its renew deadline and that slot is still ours:
+held, or released but still published because this very reconcile (or
+another that began while it was held) has not returned. A reconcile of a key
+whose object is not cached runs with `UNCACHED`, never ours: without an
+object there is no slot to fence by, and nothing to write. Writes outside a
+reconcile (Events) need only the Lease.
 """
 
 from __future__ import annotations
@@ -49,13 +58,17 @@ from .leader import (LEASE_DURATION_SECONDS, LeaderElector, LeaderRecord, Observ
                      is_expired, observe)
 
 __all__ = ["ShardMember", "NotOwnerError", "encode_slots", "decode_slots", "plan", "Plan",
-           "live_claims", "current_slot"]
+           "SeenLease", "live_claims", "current_slot", "UNCACHED"]
 
 log = logging.getLogger(__name__)
 
 # How often the ring's Leases are listed: a released slot is claimed within
 # about this long (plus a claim write and a list).
 POLL_SECONDS = 0.5
+
+# The slot of a reconcile whose object is not cached: never held, so its
+# writes are refused (see the module docstring).
+UNCACHED = -1
 
 _SLOT: contextvars.ContextVar[int | None] = contextvars.ContextVar("k8s_http_shard_slot",
                                                                    default=None)
@@ -66,7 +79,8 @@ class NotOwnerError(errors.NotLeaderError):
 
 
 def current_slot() -> int | None:
-    """The slot of the reconcile running on this thread (None outside one)."""
+    """The slot of the reconcile running on this thread (`UNCACHED` for a key whose
+    object is not cached; None outside a reconcile)."""
     return _SLOT.get()
 
 
@@ -95,34 +109,50 @@ def decode_slots(text: object) -> frozenset[int]:
     return frozenset(s for s in range(shards.SLOTS) if bits >> s & 1)
 
 
+@dataclass(frozen=True)
+class SeenLease:
+    """Another member's Lease as we last saw it: its record (and when, on our
+    clock, it last changed) and the slots it listed."""
+
+    observation: Observation
+    slots: frozenset[int]
+
+
 def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
-                observed: dict[str, Observation], now: float
+                seen: dict[str, SeenLease], now: float
                 ) -> tuple[set[str], dict[str, frozenset[int]]]:
     """(live member identities but ours, identity -> slots its Lease lists).
 
-    `observed` (lease name -> Observation) is updated in place: a Lease is live
-    while its record changed less than its duration ago on OUR clock, and it
-    has a holder (a released Lease has none).
+    `seen` (lease name -> SeenLease) is updated in place. A Lease is live
+    while its record changed less than its duration ago on OUR clock and it
+    has a holder (a released Lease has none). A Lease missing from `leases`
+    (deleted) stays in `seen`, live with what it last listed, until it would
+    have expired: its member may work on until its renew deadline, and
+    nothing else says it stopped. Expired ones still listed stay in `seen`
+    too, or they would look new (and live) on the next round.
     """
-    members: set[str] = set()
-    claims: dict[str, frozenset[int]] = {}
-    seen = set()
+    listed = set()
     for lease in leases:
         meta = lease.get("metadata") or {}
         name = meta.get("name") or ""
         if name == own_lease:
             continue
-        seen.add(name)
-        record = LeaderRecord.from_lease(lease)
-        observation = observe(observed.get(name), record, now)
-        observed[name] = observation
-        if not record.holder or is_expired(observation, now,
-                                           default_duration_seconds=LEASE_DURATION_SECONDS):
+        listed.add(name)
+        before = seen.get(name)
+        seen[name] = SeenLease(
+            observe(before.observation if before else None, LeaderRecord.from_lease(lease), now),
+            decode_slots((meta.get("annotations") or {}).get(annotation)))
+    members: set[str] = set()
+    claims: dict[str, frozenset[int]] = {}
+    for name, lease in list(seen.items()):
+        if is_expired(lease.observation, now, default_duration_seconds=LEASE_DURATION_SECONDS):
+            if name not in listed:
+                del seen[name]
             continue
-        members.add(record.holder)
-        claims[record.holder] = decode_slots((meta.get("annotations") or {}).get(annotation))
-    for gone in set(observed) - seen:
-        del observed[gone]
+        holder = lease.observation.record.holder
+        if holder:
+            members.add(holder)
+            claims[holder] = lease.slots
     return members, claims
 
 
@@ -148,13 +178,32 @@ def plan(me: str, others: Iterable[str], held: frozenset[int],
 class ShardMember:
     """One replica's membership, its slots, the handshake and the write fence.
 
-    `on_change(held)` is called (on the ring thread) with the new held set
-    after a release has fenced the slots and after a claim is confirmed: it
-    re-selects the informers. `slot_of(obj)` gives an object's slot.
+    `on_change(held)` is called with the new held set after a release has
+    fenced the slots and after a claim is confirmed: it re-selects the
+    informers. `on_drain_timeout(slots)` is called when reconciles of released
+    slots are still running after `drain_timeout_seconds` (the slots stay
+    published until they return; the Manager exits, as when a lost leader's
+    reconciles do not finish).
+
+    The slots, each set guarded by `_cond`:
+
+    - `_held`: new reconciles of these slots may start (and write);
+    - `_draining`: released, so no new reconcile starts, but one that began
+      while they were held is still running: they stay published, nobody
+      may claim them, and that reconcile may finish its writes;
+    - `_published`: what every write of our Lease says.
+
+    Invariants: `_held` and `_draining` are disjoint; the Lease lists (or is
+    about to list) every slot of both, so no other member claims a slot we may
+    still write; outside a claim in progress `_published` is exactly
+    `_held | _draining`. The sets change only under `_transition`, one change
+    at a time: the ring thread's rounds, the lease thread's drop when the
+    Lease lapses, and leave() never interleave.
     """
 
     def __init__(self, client, *, namespace: str, app: str, member_name: str, identity: str,
                  label_domain: str, on_change: Callable[[frozenset[int]], None],
+                 on_drain_timeout: Callable[[frozenset[int]], None] | None = None,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
                  poll_seconds: float = POLL_SECONDS, drain_timeout_seconds: float = 25.0):
         self._client = client
@@ -165,6 +214,7 @@ class ShardMember:
         self.slots_annotation = f"{label_domain}/slots"
         self.lease_name = f"{app}-member-{member_name}"
         self._on_change = on_change
+        self._on_drain_timeout = on_drain_timeout
         self._clock = clock
         self._poll_seconds = poll_seconds
         self._drain_timeout_seconds = drain_timeout_seconds
@@ -172,13 +222,22 @@ class ShardMember:
         self.elector = LeaderElector(client, namespace=namespace, name=self.lease_name,
                                      identity=identity, metrics=self.metrics, clock=clock,
                                      decorate=self._decorate)
+        self._transition = threading.Lock()
         self._cond = threading.Condition()
-        self._held: frozenset[int] = frozenset()        # work allowed (guarded by _cond)
-        self._published: frozenset[int] = frozenset()   # what our Lease says
+        self._held: frozenset[int] = frozenset()
+        self._draining: frozenset[int] = frozenset()
+        self._published: frozenset[int] = frozenset()
         self._in_flight: dict[int, int] = {}             # slot -> reconciles running
-        self._observed: dict[str, Observation] = {}
+        # What the informers were last re-selected for, and what assign() gave
+        # us in the last round (None: no round in this term yet): readiness.
+        self._selected: frozenset[int] = frozenset()
+        self._want: frozenset[int] | None = None
+        # slot -> when a round first found it ours but not held (the handover metric).
+        self._wanted_since: dict[int, float] = {}
+        self._seen: dict[str, SeenLease] = {}
         self._members: set[str] = set()
-        self._listed = False
+        self._probed = False
+        self._failing = False     # the last round failed (the next failure logs at debug)
         self._left = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -187,6 +246,7 @@ class ShardMember:
         self._m_members = self.metrics.shard_members
         self._m_conflicts = self.metrics.shard_claim_conflicts_total
         self._m_server = self.metrics.shard_server_filtered
+        self._m_handover = self.metrics.shard_handover_seconds
 
     # ---- what others ask --------------------------------------------------
 
@@ -199,28 +259,48 @@ class ShardMember:
         return self.elector.is_leader()
 
     def ready(self) -> tuple[bool, str]:
+        """Member, and the informers select every slot assign() gives us (the
+        Manager's informer checks add: and their lists are in). A replica
+        whose share is still held by its previous owner is not ready yet."""
         if not self.is_member():
             return False, f"member lease {self.lease_name} not held"
-        if not self._listed:
+        with self._cond:
+            want, selected = self._want, self._selected
+        if want is None:
             return False, "ring not listed yet"
-        return True, f"{len(self.held)} slots held"
+        missing = want - selected
+        if missing:
+            return False, (f"{len(missing)} of its {len(want)} slots not held yet "
+                           "(their previous owner has not released them)")
+        return True, f"{len(selected)} slots held"
 
     def check(self) -> None:
-        """The write guard: our Lease is current, and the reconcile's slot is ours."""
+        """The write guard: our Lease is current, and the reconcile's slot is ours
+        (held, or draining: published until the reconciles that began while it
+        was held return; no other reconcile of it can be running)."""
         if not self.elector.is_leader():
             raise NotOwnerError(f"member lease {self.namespace}/{self.lease_name} not held: "
                                 "write refused")
         slot = _SLOT.get()
-        if slot is not None and slot not in self.held:
+        if slot is None:
+            return
+        if slot == UNCACHED:
+            raise NotOwnerError("the reconciled object is not cached, so its slot is "
+                                "unknown: write refused")
+        with self._cond:
+            ours = slot in self._held or slot in self._draining
+        if not ours:
             raise NotOwnerError(f"slot {slot} is not held by this replica: write refused")
 
     @contextlib.contextmanager
-    def working(self, slot: int | None):
+    def working(self, slot: int):
         """Around a reconcile: yields False (skip it) when `slot` is not held; else
-        counts it in flight (a release waits for it) and fences its writes."""
+        counts it in flight (a release waits for it) and fences its writes.
+        `UNCACHED` runs (to find its object gone) with every write refused."""
         with self._cond:
-            allowed = slot is None or slot in self._held
-            if allowed and slot is not None:
+            allowed = slot == UNCACHED or slot in self._held
+            counted = allowed and slot != UNCACHED
+            if counted:
                 self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
         if not allowed:
             yield False
@@ -230,7 +310,7 @@ class ShardMember:
             yield True
         finally:
             _SLOT.reset(token)
-            if slot is not None:
+            if counted:
                 with self._cond:
                     self._in_flight[slot] -= 1
                     if not self._in_flight[slot]:
@@ -243,9 +323,10 @@ class ShardMember:
         meta = body["metadata"]
         meta.setdefault("labels", {})[self.ring_label] = self.app
         meta.setdefault("annotations", {})[self.slots_annotation] = encode_slots(
-            () if self._left else self._published)
+            self._published)
 
     def _publish(self) -> bool:
+        """Write our Lease now (it carries `_published`); False if that failed."""
         return self.elector.try_acquire_or_renew()
 
     # ---- running --------------------------------------------------------------
@@ -264,121 +345,208 @@ class ShardMember:
                  self.lease_name)
 
     def _on_not_member(self) -> None:
-        """Our Lease lapsed (renew deadline): everything is fenced already (check()
-        reads the deadline); let the slots go so a new term starts from nothing."""
+        """Our Lease lapsed (renew deadline), on the lease thread: everything is
+        fenced already (check() reads the deadline); drop every slot so that a
+        new term starts from nothing, through the handshake."""
         log.warning("member lease lost: dropping every slot")
-        self._release(self.held, publish=False)
+        with self._transition:
+            with self._cond:
+                self._want = None
+            self._wanted_since.clear()
+            self._release_locked(self.held, publish=False)
 
     def _run_ring(self) -> None:
         while not self._stop.wait(self._poll_seconds):
-            try:
-                self.tick()
-            except (errors.ApiError, errors.TransportError) as exc:
-                log.warning("shard ring round failed", extra={"error": str(exc)})
-            except Exception:
-                log.exception("shard ring round failed unexpectedly")
+            self.run_round()
+
+    def run_round(self) -> None:
+        """One round, never raising: a failed one (a 500, a timeout) changes
+        nothing. The held slots stay held: our own Lease guards them, renewed
+        on its own thread, and its renew deadline fences them if the apiserver
+        stays away. The first failure of a series is a warning."""
+        try:
+            self.tick()
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.log(logging.DEBUG if self._failing else logging.WARNING,
+                    "shard ring round failed; held slots kept, retrying every %.1f s",
+                    self._poll_seconds, extra={"error": str(exc)})
+            self._failing = True
+            return
+        except Exception:
+            log.exception("shard ring round failed unexpectedly")
+            return
+        if self._failing:
+            log.info("shard ring rounds work again")
+            self._failing = False
 
     def _list_claims(self) -> tuple[set[str], dict[str, frozenset[int]]]:
         result = self._client.list(LEASES, namespace=self.namespace,
                                    label_selector=f"{self.ring_label}={self.app}")
-        members, claims = live_claims(result.get("items") or [], self.lease_name,
-                                      self.slots_annotation, self._observed, self._clock())
-        return members, claims
+        return live_claims(result.get("items") or [], self.lease_name, self.slots_annotation,
+                           self._seen, self._clock())
 
     def tick(self) -> None:
-        """One round of the handshake."""
+        """One round of the handshake; raises the apiserver's errors (run_round logs them)."""
         if self._left or not self.elector.is_leader():
             return
-        if not self._listed:
+        if not self._probed:
             self._probe_server_filtering()
         others, claims = self._list_claims()
         if others != self._members:
             log.info("ring members: %s", sorted({self.identity, *others}))
         self._members = others
         self._m_members.set(len(others) + 1)
-        step = plan(self.identity, others, self.held, claims)
-        if step.release:
-            self._release(step.release)
-        if step.claim and not self._stop.is_set():
-            self._claim(step.claim)
-        self._listed = True
+        with self._transition:
+            if self._left or not self.elector.is_leader():
+                return
+            self._publish_drained()
+            step = plan(self.identity, others, self.held, claims)
+            with self._cond:
+                self._want = step.want
+            self._note_wanted(step)
+            if step.release:
+                self._release_locked(step.release)
+            # A slot still draining comes back once its reconciles returned.
+            claim = step.claim - self._draining
+            if claim and not self._stop.is_set():
+                self._claim_locked(claim)
 
-    def _release(self, slots: frozenset[int], *, publish: bool = True) -> None:
+    def _note_wanted(self, step: Plan) -> None:
+        now = self._clock()
+        waiting = step.want - self.held
+        for slot in waiting:
+            self._wanted_since.setdefault(slot, now)
+        for slot in set(self._wanted_since) - waiting:
+            del self._wanted_since[slot]
+
+    def _reselect(self, held: frozenset[int]) -> None:
+        self._on_change(held)
+        with self._cond:
+            self._selected = held
+
+    def _release_locked(self, slots: frozenset[int], *, publish: bool = True) -> None:
+        """Rule 1: start no new reconcile of `slots`, wait (bounded) for those in
+        flight, drop the slots from the informers, then publish without the
+        drained ones."""
         if not slots:
             return
         started = self._clock()
         with self._cond:
-            self._held = self._held - slots          # fenced from here on
+            self._held = self._held - slots          # no new reconcile of them from here on
+            self._draining = self._draining | slots
             self._m_slots.set(len(self._held))
-            drained = self._cond.wait_for(
-                lambda: not any(self._in_flight.get(s) for s in slots),
-                timeout=self._drain_timeout_seconds)
+            self._cond.wait_for(lambda: not self._running_locked(slots),
+                                timeout=self._drain_timeout_seconds)
             held = self._held
-        if not drained:
-            log.error("reconciles of released slots still running after %.0f s",
-                      self._drain_timeout_seconds)
-        self._on_change(held)
-        self._published = held
-        if publish:
-            self._publish()
+        self._reselect(held)
+        self._publish_drained(publish=publish)
         log.info("released %d slots (%d held) in %.3f s", len(slots), len(held),
                  self._clock() - started)
-
-    def _claim(self, slots: frozenset[int]) -> None:
-        started = self._clock()
-        held = self.held
-        self._published = held | slots
-        if not self._publish():
-            self._published = held
-            return
-        # Rule 3: this list is made after our write landed, so it shows every
-        # claim that landed before ours.
-        _, claims = self._list_claims()
-        taken = frozenset().union(*claims.values()) if claims else frozenset()
-        conflict = slots & taken
-        if conflict:
-            self._m_conflicts.inc(len(conflict))
-            log.info("withdrawing %d claimed slots another member claimed too", len(conflict))
-            slots = slots - conflict
-            self._published = held | slots
-            self._publish()
-        if not slots or not self.elector.is_leader():
-            return
         with self._cond:
-            self._held = self._held | slots
-            self._m_slots.set(len(self._held))
-            held = self._held
-        self._on_change(held)
-        log.info("claimed %d slots (%d held) in %.3f s", len(slots), len(held),
-                 self._clock() - started)
+            stuck = self._draining & slots
+        if stuck:
+            log.error("reconciles of %d released slots still running after %.0f s: they "
+                      "stay published until those return", len(stuck),
+                      self._drain_timeout_seconds)
+            if self._on_drain_timeout is not None:
+                self._on_drain_timeout(stuck)
+
+    def _running_locked(self, slots: Iterable[int]) -> bool:
+        return any(self._in_flight.get(s) for s in slots)
+
+    def _publish_drained(self, *, publish: bool = True) -> None:
+        """Draining slots whose reconciles have returned stop being published."""
+        with self._cond:
+            drained = frozenset(s for s in self._draining if not self._in_flight.get(s))
+            if not drained:
+                return
+            self._draining = self._draining - drained
+            self._published = self._held | self._draining
+        if publish:
+            self._publish()
+
+    def _claim_locked(self, slots: frozenset[int]) -> None:
+        """Rules 2 and 3: publish the claim, confirm it with a list made after that
+        write, and only then hold what no other live Lease listed by then."""
+        started = self._clock()
+        claimed: frozenset[int] = frozenset()
+        with self._cond:
+            self._published = self._held | self._draining | slots
+        try:
+            if not self._publish():
+                return
+            # Rule 3: this list is made after our write landed, so it shows
+            # every claim that landed before ours.
+            _, claims = self._list_claims()
+            taken = frozenset().union(*claims.values()) if claims else frozenset()
+            conflict = slots & taken
+            if conflict:
+                self._m_conflicts.inc(len(conflict))
+                log.info("withdrawing %d claimed slots another member claimed too",
+                         len(conflict))
+            with self._cond:
+                if self.elector.is_leader():
+                    claimed = slots - conflict
+                    self._held = self._held | claimed
+                    self._m_slots.set(len(self._held))
+                held = self._held
+        finally:
+            # Whatever happened, the Lease goes back to listing what we work on:
+            # a claim left published would keep its slots from their next owner.
+            with self._cond:
+                self._published = self._held | self._draining
+            if claimed != slots:
+                self._publish()
+        if not claimed:
+            return
+        self._reselect(held)
+        now = self._clock()
+        waited = [self._wanted_since.pop(s) for s in claimed if s in self._wanted_since]
+        if waited:
+            self._m_handover.observe(now - min(waited))
+        log.info("claimed %d slots (%d held) in %.3f s", len(claimed), len(held),
+                 now - started)
 
     def _probe_server_filtering(self) -> None:
-        """Does the apiserver apply shardSelector? Lists of built-ins echo it (docs/SHARDING.md)."""
+        """Does the apiserver apply shardSelector? Lists of built-ins echo it
+        (docs/SHARDING.md). Said once, in the log and in a metric; tried again
+        next round if the probe itself failed."""
         selector = shards.Ranges.everything().shard_selector()
         try:
             result = self._client.list(LEASES, namespace=self.namespace, limit=1,
                                        label_selector=f"{self.ring_label}={self.app}",
                                        shard_selector=selector)
         except (errors.ApiError, errors.TransportError) as exc:
-            log.info("shardSelector probe failed: %s", exc)
+            log.info("shardSelector probe failed (tried again next round): %s", exc)
             return
+        self._probed = True
         on = shards.is_server_filtered(result.get("metadata"), selector)
         self._m_server.set(1 if on else 0)
         log.info("the apiserver %s shardSelector%s", "applies" if on else "ignores",
                  "" if on else ": every replica lists everything and filters itself")
 
-    def leave(self) -> None:
-        """On shutdown, after the workers stopped: publish nothing and release the Lease."""
+    def leave(self, *, release: bool = True) -> None:
+        """On shutdown, after the workers stopped: no more rounds, every slot fenced.
+
+        `release`: publish nothing and hand the Lease back, so the others claim
+        our slots at once. False (reconciles still running past the graceful
+        timeout): write nothing, so the Lease expires as after a crash and no
+        slot moves while one of its reconciles may still write.
+        """
         self._left = True
         self._stop.set()
-        with self._cond:
-            self._held = frozenset()
-            self._m_slots.set(0)
-        self._published = frozenset()
-        try:
-            self.elector.release()
-        except Exception:
-            log.exception("releasing the member lease failed")
+        with self._transition:
+            with self._cond:
+                self._held = frozenset()
+                self._m_slots.set(0)
+                if release:
+                    self._draining = frozenset()
+                    self._published = frozenset()
+        if release:
+            try:
+                self.elector.release()
+            except Exception:
+                log.exception("releasing the member lease failed")
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=5.0)

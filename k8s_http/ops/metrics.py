@@ -107,6 +107,9 @@ _RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35,
 WORKQUEUE_BUCKETS = exponential_buckets(10e-9, 10, 12)
 # client-go rest_client_request_duration_seconds buckets.
 _REST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+# Sharding handovers: a claim round trip (~10 ms), a release (one ring round,
+# 0.5 s, plus a drain), a drain up to the graceful timeout (25 s).
+_HANDOVER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
 
 class Metrics:
@@ -300,6 +303,11 @@ class Metrics:
             "k8s_http_shard_server_filtered",
             "1 if the apiserver applied shardSelector to a probe list of Leases "
             "(KEP-5866 gate on), else 0", registry=r)
+        self.shard_handover_seconds = Histogram(
+            "k8s_http_shard_handover_seconds",
+            "From the ring round that first found slots assigned to this replica to the "
+            "one that held them (their previous owner's release, then the claim), per "
+            "claimed batch", buckets=_HANDOVER_BUCKETS, registry=r)
 
 
 class TalliedCounter:

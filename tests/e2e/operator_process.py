@@ -288,11 +288,13 @@ class Fleet:
 
     def start(self, name: str, kubeconfig: str | os.PathLike, *args: str,
               metrics_tls: ssl.SSLContext | None = None,
-              metrics_token: str | None = None) -> OperatorProcess:
+              metrics_token: str | None = None,
+              env: dict[str, str] | None = None) -> OperatorProcess:
+        """`env`: variables added to the test's environment (a Pod's, say)."""
         metrics_port, probe_port = free_port(), free_port()
         log_path = self.tmp_path / f"operator-{name}.log"
         # The kubeconfig is passed explicitly; a stray $KUBECONFIG must not matter.
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **(env or {})}
         argv = [sys.executable, str(ROOT / "controller.py"), "--kubeconfig", str(kubeconfig),
                 "--metrics-bind-address", f"127.0.0.1:{metrics_port}",
                 "--health-probe-bind-address", f"127.0.0.1:{probe_port}",

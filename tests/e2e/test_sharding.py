@@ -1,8 +1,9 @@
 """Active-active (issue 37, docs/SHARDING.md): 3 `controller.py --shards=auto` processes
 on the real control plane, with the `ShardedListAndWatch` gate on and off.
 
-Per gate, one plane of its own (pods=False, an audit log of every write to Mys
-and their children; each replica's User-Agent ends in `shard/<its name>`):
+Per gate, one plane of its own (with Pods on kwok's fake Nodes, and an audit
+log of every write to Mys and their children; each replica's User-Agent ends
+in `shard/<its name>`):
 
 - the replicas split the 256 slots between them, and every `My` converges;
 - each object is written by exactly one replica while membership is steady
@@ -10,7 +11,10 @@ and their children; each replica's User-Agent ends in `shard/<its name>`):
 - SIGKILL of one replica: the others' slots go on being served (new `My`
   there converge as fast as before), its slots are claimed within the Lease
   duration + 2 s and its `My` converge;
-- SIGTERM of one replica: its slots are claimed at once (goal <= 2 s).
+- SIGTERM of one replica: its slots are claimed at once (goal <= 2 s);
+- `kubectl scale` of the operator's Deployment (the sharding overlay) 1 -> 3
+  -> 1 under a stream of new `My`, its Pods run as processes by
+  process_kubelet.py: none lost, none written by two replicas in a handover.
 
 The figures are printed (`pytest -s`).
 """
@@ -19,15 +23,20 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections import defaultdict
 
 import pytest
+import yaml
 
-from k8s_http.core.objects import LEASES
+from k8s_http.core.objects import DEPLOYMENTS, LEASES, SERVICES
 from k8s_http.core.shards import slot_of
 from k8s_http.control.sharding import decode_slots
-from tests.e2e.operator_process import MY, install_manifests, is_available, make_my
+from my.spec import LABEL_INSTANCE as INSTANCE, SLOT_LABEL
+from tests.e2e.operator_process import (MANAGED_BY, MANIFESTS, MY, SYSTEM_NS, install_manifests,
+                                        is_available, kubectl, make_my, micro_time_to_epoch)
+from tests.e2e.process_kubelet import ProcessKubelet
 from tests.support.controlplane import ControlPlane, ControlPlaneError
 from tests.support.wait import eventually
 
@@ -62,7 +71,7 @@ def plane(request, tmp_path_factory):
     policy = audit_dir / "policy.yaml"
     policy.write_text(AUDIT_POLICY)
     log_path = audit_dir / "audit.log"
-    plane = ControlPlane(pods=False, apiserver_args=[
+    plane = ControlPlane(apiserver_args=[
         f"--feature-gates=ShardedListAndWatch={request.param}",
         f"--audit-policy-file={policy}", f"--audit-log-path={log_path}"])
     try:
@@ -103,12 +112,13 @@ def writes(plane) -> list[tuple[float, str, str, str]]:
     return out
 
 
-def owners_by_object(plane, namespace) -> dict[str, list[str]]:
+def owners_by_object(plane, namespace, *, since: float = 0.0,
+                     until: float = float("inf")) -> dict[str, list[str]]:
     """Per My in `namespace` (its children share its name): the sequence of
-    replicas that wrote it."""
+    replicas that wrote it (between the time.time() marks `since` and `until`)."""
     seq: dict[str, list[str]] = defaultdict(list)
-    for _, replica, obj, _ in writes(plane):
-        if not obj.startswith(f"{namespace}/"):
+    for when, replica, obj, _ in writes(plane):
+        if not obj.startswith(f"{namespace}/") or not since <= micro_time_to_epoch(when) < until:
             continue
         if not seq[obj] or seq[obj][-1] != replica:
             seq[obj].append(replica)
@@ -143,12 +153,12 @@ def wait_available(client, namespace, names, timeout) -> float:
 
 
 @pytest.mark.mys_deleted_first
-def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fleet, monkeypatch):
+def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fleet):
     install_manifests(plane)
     client = api
     figures = {}
     try:
-        ops = {name: start_replica(fleet, plane, namespace, monkeypatch, name)
+        ops = {name: start_replica(fleet, plane, namespace, name)
                for name in REPLICAS}
         for op in ops.values():
             op.wait_ready()
@@ -227,72 +237,214 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
         fleet.close()
 
 
-def start_replica(fleet, plane, namespace, monkeypatch, name):
-    monkeypatch.setenv("POD_NAME", name)
+def start_replica(fleet, plane, namespace, name):
     return fleet.start(name, plane.admin_kubeconfig, "--namespace", namespace,
                        "--shards", "auto", "--leader-election-namespace", namespace,
-                       "--graceful-shutdown-timeout", "10s")
+                       "--graceful-shutdown-timeout", "10s", env={"POD_NAME": name})
+
+
+OVERLAY = MANIFESTS / "overlays" / "sharding"
+OPERATOR_PODS = "app.kubernetes.io/name=my-controller,app.kubernetes.io/component=controller"
+CREATE_EVERY_SECONDS = 0.25
+
+
+def install_sharding_overlay(plane, tmp_path, replicas: int) -> None:
+    """The overlay as kustomize renders it, the Deployment at `replicas`, applied;
+    returns once its rollout is complete (no Pod of an earlier template left)."""
+    rendered = kubectl(plane, "kustomize", str(OVERLAY)).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    deployment["spec"]["replicas"] = replicas
+    path = tmp_path / "sharding-overlay.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    kubectl(plane, "apply", "-f", str(path))
+    kubectl(plane, "wait", "--for", "condition=established", "crd/my.mine.jp", "--timeout=60s")
+    kubectl(plane, "rollout", "status", "deployment/my-controller", "-n", SYSTEM_NS,
+            "--timeout=90s")
+
+
+def scale(plane, replicas: int) -> tuple[float, float]:
+    """`kubectl scale` the operator's Deployment; (time.monotonic(), time.time()) before it."""
+    marks = time.monotonic(), time.time()
+    kubectl(plane, "scale", "deployment/my-controller", "-n", SYSTEM_NS, f"--replicas={replicas}")
+    return marks
+
+
+class Stream:
+    """On a thread of its own, every CREATE_EVERY_SECONDS: a new My, and a new
+    image for the oldest-touched one (so objects are written by whoever owns
+    them at the time, across every handover)."""
+
+    def __init__(self, api, namespace):
+        self._api, self._namespace = api, namespace
+        self.made: dict[str, int] = {}           # name -> slot
+        self.generations: dict[str, int] = {}    # name -> the generation to converge at
+        self.failures: list[str] = []
+        self.last_write = 0.0                    # time.monotonic() of the last one
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="my-stream", daemon=True)
+
+    def __enter__(self) -> "Stream":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.wait(CREATE_EVERY_SECONDS):
+            try:
+                self.made.update(create_mys(self._api, self._namespace, f"s{n}", 1))
+                self.generations[f"s{n}-0"] = 1
+                oldest = next(iter(self.generations))
+                if oldest != f"s{n}-0":
+                    changed = self._api.patch(MY, oldest, {"spec": {"image": f"nginx:1.{n}"}},
+                                              namespace=self._namespace)
+                    del self.generations[oldest]     # to the end of the line
+                    self.generations[oldest] = changed["metadata"]["generation"]
+            except Exception as exc:        # reported by the test, never a silent gap
+                self.failures.append(repr(exc))
+            self.last_write = time.monotonic()
+            n += 1
+
+    def converged(self) -> bool:
+        return all(is_available(self._api, name, self._namespace, generation)
+                   for name, generation in list(self.generations.items()))
+
+
+def children_problems(api, namespace, mys: dict[str, int]) -> list[str]:
+    """Each My with exactly one Deployment and one Service, controlled by it and
+    labelled with its slot; no child without its My."""
+    problems = []
+    uids = {m["metadata"]["name"]: m["metadata"]["uid"]
+            for m in api.list(MY, namespace=namespace)["items"]}
+    for resource in (DEPLOYMENTS, SERVICES):
+        children = defaultdict(list)
+        for child in api.list(resource, namespace=namespace,
+                              label_selector=f"{MANAGED_BY}=my-controller")["items"]:
+            children[child["metadata"]["labels"].get(INSTANCE)].append(child)
+        for name, slot in mys.items():
+            found = children.pop(name, [])
+            owners = [[r["uid"] for r in c["metadata"].get("ownerReferences", [])
+                       if r.get("controller")] for c in found]
+            if owners != [[uids.get(name)]]:
+                problems.append(f"{resource.kind} of {name}: {len(found)}, owners {owners}")
+            elif found[0]["metadata"]["labels"].get(SLOT_LABEL) != str(slot):
+                problems.append(f"{resource.kind} of {name}: slot label "
+                                f"{found[0]['metadata']['labels'].get(SLOT_LABEL)} != {slot}")
+        problems += [f"{resource.kind} {n} without a My" for n in children]
+    return problems
+
+
+def writers_coming_back(seq: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Objects whose writers (consecutive repeats collapsed) include one that wrote
+    again after another replica had. Within a phase where replicas only join, or
+    only leave, a slot's owner never goes back to an earlier one (rendezvous
+    over a set that only grows, or only shrinks): a writer coming back is two
+    replicas writing one object within a handover."""
+    return {obj: writers for obj, writers in seq.items() if len(writers) != len(set(writers))}
+
+
+def handover_seconds(op) -> tuple[float, float]:
+    """(sum, count) of the replica's k8s_http_shard_handover_seconds."""
+    return (op.metric("k8s_http_shard_handover_seconds_sum"),
+            op.metric("k8s_http_shard_handover_seconds_count"))
 
 
 @pytest.mark.mys_deleted_first
-def test_one_to_three_to_one_under_a_stream_of_new_my(plane, api, namespace, fleet, monkeypatch):
-    """Scale 1 -> 3 -> 1 (processes standing in for `kubectl scale`) while My keep
-    coming: the first replica hands slots over by the release handshake, then
-    takes them back; nothing is lost, nothing written by two replicas at once."""
-    install_manifests(plane)
-    first = start_replica(fleet, plane, namespace, monkeypatch, "solo")
-    first.wait_ready()
-    eventually(lambda: held(first) == 256, timeout=20, interval=0.1, message="solo not at 256")
-    made: dict[str, int] = {}
-    made.update(create_mys(api, namespace, "one", 10))
-    wait_available(api, namespace, made, 60)
-    more = [start_replica(fleet, plane, namespace, monkeypatch, n) for n in ("two", "three")]
-    for op in more:
-        op.wait_ready()
-    batch = 0
-    deadline = time.monotonic() + 30
-    while not (all(held(op) > 0 for op in more)
-               and sum(held(op) for op in (first, *more)) == 256):
-        assert time.monotonic() < deadline, "the slots were not shared out"
-        made.update(create_mys(api, namespace, f"up{batch}", 2))
-        batch += 1
-        time.sleep(0.2)
-    made.update(create_mys(api, namespace, "three", 10))
-    # Every My changes while 3 replicas run: each writes its own share.
-    roll_out(api, namespace, made, "nginx:1.28")
-    for op in more:
-        op.signal(signal.SIGTERM)
-    for n in range(5):
-        made.update(create_mys(api, namespace, f"down{n}", 2))
-        time.sleep(0.2)
-    for op in more:
-        op.expect_clean_exit(20)
-    eventually(lambda: held(first) == 256, timeout=10, interval=0.1,
-               message="solo did not take every slot back")
-    roll_out(api, namespace, made, "nginx:1.29")     # and solo writes all of them again
-    seq = owners_by_object(plane, namespace)
-    # Each object's writers may change once per handover (solo -> another ->
-    # solo), never back and forth within one.
-    interleaved = {o: s for o, s in seq.items() if len(s) > 3 or (len(s) == 3 and s[0] != s[2])}
-    print(f"\nscale 1 -> 3 -> 1, gate {plane.gate}: {len(made)} My converged, "
-          f"objects by replicas {dict(_count_by_writer(seq))}, "
-          f"interleaved {len(interleaved)}")
-    assert not interleaved, interleaved
-    by_writer = _count_by_writer(seq)
-    assert by_writer["two"] and by_writer["three"] and by_writer["solo"] == len(made)
+def test_kubectl_scale_one_to_three_to_one_under_a_stream_of_new_my(plane, api, namespace,
+                                                                    fleet, tmp_path):
+    """Issue 37 item 4: the operator's own Deployment (the sharding overlay),
+    scaled with `kubectl scale` 1 -> 3 -> 1 while a My is created every 0.25 s.
+    Its Pods run as processes (process_kubelet.py: kwok runs no process), each
+    named after its Pod as POD_NAME would be. Nothing is lost (every My
+    converges, with exactly one Deployment and one Service), and no object is
+    written by two replicas within a handover (audit log, per phase)."""
+    figures: dict[str, object] = {}
+    install_sharding_overlay(plane, tmp_path, replicas=1)
+    kubelet = ProcessKubelet(plane, fleet, namespace=SYSTEM_NS, selector=OPERATOR_PODS)
+    try:
+        with kubelet:
+            (first,) = eventually(lambda: list(kubelet.running().values()), timeout=30,
+                                  interval=0.2, message="no process for the first Pod")
+            first.wait_ready()
+            eventually(lambda: held(first) == 256, timeout=20, interval=0.1,
+                       message="the first replica does not hold every slot")
+            with Stream(api, namespace) as stream:
+                eventually(lambda: len(stream.made) >= 8, timeout=30, interval=0.1,
+                           message="the stream does not create")
+                up, up_wall = scale(plane, 3)
 
+                def shared_out():
+                    ops = kubelet.running()
+                    slots = [held(op) for op in ops.values()]
+                    return len(ops) == 3 and all(slots) and sum(slots) == 256 and ops
+                at_three = eventually(shared_out, timeout=60, interval=0.1,
+                                      message="3 replicas do not share the slots")
+                figures["up: 3 replicas share the slots, s after kubectl scale"] = round(
+                    time.monotonic() - up, 2)
+                figures["up: slots per replica"] = {
+                    n: int(held(op)) for n, op in at_three.items()}
+                figures["up: handover s (sum, count) per replica"] = {
+                    n: tuple(round(v, 3) for v in handover_seconds(op))
+                    for n, op in at_three.items()}
+                made_at_three = len(stream.made)
+                eventually(lambda: len(stream.made) >= made_at_three + 12, timeout=30,
+                           interval=0.1, message="the stream stalls at 3 replicas")
+                down, down_wall = scale(plane, 1)
 
-def roll_out(api, namespace, names, image) -> None:
-    """Change every My's image and wait until each is Available at its new generation."""
-    generations = {n: api.patch(MY, n, {"spec": {"image": image}}, namespace=namespace)
-                   ["metadata"]["generation"] for n in names}
-    eventually(lambda: all(is_available(api, n, namespace, g) for n, g in generations.items()),
-               timeout=60, interval=0.3, message=f"not all My rolled out to {image}")
-
-
-def _count_by_writer(seq):
-    out = defaultdict(int)
-    for writers in seq.values():
-        for w in set(writers):
-            out[w] += 1
-    return out
+                def alone():
+                    ops = kubelet.running()
+                    return len(ops) == 1 and held(next(iter(ops.values()))) == 256 and ops
+                (survivor,) = eventually(alone, timeout=60, interval=0.1,
+                                         message="no single replica holds every slot")
+                figures["down: 1 replica holds every slot, s after kubectl scale"] = round(
+                    time.monotonic() - down, 2)
+                made_at_one = len(stream.made)
+                eventually(lambda: len(stream.made) >= made_at_one + 8, timeout=30,
+                           interval=0.1, message="the stream stalls at 1 replica")
+            figures["My created"] = len(stream.made)
+            figures["My changed"] = sum(g > 1 for g in stream.generations.values())
+            assert not stream.failures, stream.failures
+            eventually(stream.converged, timeout=90, interval=0.3,
+                       message="not every My converged at its last generation")
+            figures["all converged, s after the last write"] = round(
+                time.monotonic() - stream.last_write, 2)
+            problems = children_problems(api, namespace, stream.made)
+            assert not problems, problems
+        # Every process but the survivor was stopped by its Pod's deletion (and the
+        # survivor by close()): each exited 0, without a traceback.
+        assert not kubelet.crashes, kubelet.crashes
+        for op in kubelet.processes().values():
+            op.expect_clean_exit(40)
+        figures["processes run"] = sorted(kubelet.processes())
+        # Server-side filtering or the client-side fallback: said once by each replica.
+        said = "applies" if plane.gate == "true" else "ignores"
+        for op in kubelet.processes().values():
+            lines = [m for m in op.messages() if m.startswith("the apiserver ")]
+            assert lines and len(lines) == 1 and lines[0].startswith(
+                f"the apiserver {said} shardSelector"), (op, lines)
+        phases = {"1 replica": owners_by_object(plane, namespace, until=up_wall),
+                  "1 -> 3": owners_by_object(plane, namespace, since=up_wall, until=down_wall),
+                  "3 -> 1": owners_by_object(plane, namespace, since=down_wall)}
+        assert all(len(w) == 1 for w in phases["1 replica"].values()), phases["1 replica"]
+        figures["objects written by more than one replica, per phase"] = {
+            phase: sum(len(w) > 1 for w in seq.values()) for phase, seq in phases.items()}
+        figures["objects written by more than one replica, in all"] = sum(
+            len(set(w)) > 1 for w in owners_by_object(plane, namespace).values())
+        back = {phase: writers_coming_back(seq) for phase, seq in phases.items()}
+        figures["objects written by two replicas within a handover"] = sum(
+            len(b) for b in back.values())
+        assert not any(back.values()), back
+        figures["release / claim log lines"] = {
+            name: [m for m in op.messages() if m.startswith(("released", "claimed"))]
+            for name, op in kubelet.processes().items()}
+    finally:
+        print(f"\nkubectl scale 1 -> 3 -> 1, gate {plane.gate}:")
+        for key, value in figures.items():
+            print(f"  {key}: {value}")
+        kubelet.close()
+        kubectl(plane, "delete", "deployment/my-controller", "-n", SYSTEM_NS,
+                "--ignore-not-found", check=False)

@@ -10,9 +10,10 @@ import uuid
 import pytest
 
 from k8s_http.cache.informer import Informer, own_key
-from k8s_http.control.leader import LeaderRecord, Observation
-from k8s_http.control.sharding import (NotOwnerError, ShardMember, current_slot, decode_slots,
-                                       encode_slots, live_claims, plan)
+from k8s_http.control.leader import LeaderRecord
+from k8s_http.control.sharding import (UNCACHED, NotOwnerError, SeenLease, ShardMember,
+                                       current_slot, decode_slots, encode_slots, live_claims,
+                                       plan)
 from k8s_http.core import shards
 from k8s_http.core.objects import LEASES, ObjectKey
 from k8s_http.core.shards import SLOTS, ranges_of_slots, slots_of
@@ -41,7 +42,7 @@ def test_the_bitmap_round_trips_and_garbage_reads_as_nothing():
 
 
 def test_live_claims_skip_our_lease_released_leases_and_expired_ones():
-    observed: dict[str, Observation] = {}
+    observed: dict[str, SeenLease] = {}
     leases = [lease("me", "me_1", {1}), lease("b", "b_1", {2, 3}), lease("c", "", {4}),
               lease("d", "d_1", {5})]
     members, claims = live_claims(leases, "me", ANNOTATION, observed, now=100.0)
@@ -52,9 +53,13 @@ def test_live_claims_skip_our_lease_released_leases_and_expired_ones():
     live_claims(leases, "me", ANNOTATION, observed, now=110.0)
     members, claims = live_claims(leases, "me", ANNOTATION, observed, now=115.0)
     assert members == {"d_1"} and claims == {"d_1": {5}}
-    # A Lease that disappeared is forgotten.
-    live_claims(leases[:1], "me", ANNOTATION, observed, now=116.0)
-    assert observed == {}
+    # A Lease that disappeared lists what it last listed until it would have
+    # expired (d last changed at 110), then it is forgotten; so is an expired
+    # one that is gone.
+    members, claims = live_claims(leases[:1], "me", ANNOTATION, observed, now=116.0)
+    assert members == {"d_1"} and claims == {"d_1": {5}}
+    members, claims = live_claims(leases[:1], "me", ANNOTATION, observed, now=125.0)
+    assert members == set() and observed == {}
 
 
 def test_plan_releases_what_is_no_longer_ours_and_claims_only_what_is_free():
@@ -87,16 +92,26 @@ class Ring:
         return {"metadata": {"resourceVersion": self.client.next_resource_version()},
                 "items": [dict(o) for o in items]}
 
-    def member(self, name) -> ShardMember:
+    def member(self, name, **kwargs) -> ShardMember:
         self.changes[name] = []
         return ShardMember(self.client, namespace="ns", app="app", member_name=name,
                            identity=f"{name}_x", label_domain="sharding.example.com",
                            on_change=self.changes[name].append, metrics=Metrics(),
-                           clock=self.clock)
+                           clock=self.clock, **kwargs)
 
 
 def join(member: ShardMember) -> None:
     assert member.elector.try_acquire_or_renew()
+
+
+def slots_annotation(ring, name):
+    lease = ring.client.get(LEASES, f"app-member-{name}", namespace="ns")
+    return decode_slots(lease["metadata"]["annotations"]["sharding.example.com/slots"])
+
+
+def release(member: ShardMember, slots: frozenset[int]) -> None:
+    with member._transition:
+        member._release_locked(slots)
 
 
 def two_members(ring: Ring) -> tuple[ShardMember, ShardMember]:
@@ -180,7 +195,7 @@ def test_the_fence_refuses_writes_outside_held_slots_and_without_the_lease():
         assert mine and current_slot() == 3
         a.check()
     assert current_slot() is None
-    a._release(frozenset({3}))
+    release(a, frozenset({3}))
     with a.working(3) as mine:
         assert not mine
     with a.working(4) as mine:
@@ -190,28 +205,39 @@ def test_the_fence_refuses_writes_outside_held_slots_and_without_the_lease():
         a.check()
 
 
-def test_a_release_waits_for_the_slots_reconciles_in_flight():
+def test_a_release_waits_for_the_slots_reconciles_in_flight_and_lets_them_finish():
+    """No new reconcile of a released slot starts; one in flight finishes, its
+    writes allowed (half a reconcile refused would leave half-made children and
+    an error): the slot stays published until it returns, so nobody else writes."""
     ring = Ring()
     a = ring.member("a")
     join(a)
     a.tick()
     entered, leave = threading.Event(), threading.Event()
+    wrote = []
 
     def reconcile():
         with a.working(5):
             entered.set()
             leave.wait(5)
+            a.check()                     # after the release began: still allowed
+            wrote.append(5)
     worker = threading.Thread(target=reconcile)
     worker.start()
     entered.wait(5)
-    releaser = threading.Thread(target=a._release, args=(frozenset({5}),))
+    releaser = threading.Thread(target=release, args=(a, frozenset({5})))
     releaser.start()
     releaser.join(0.2)
     assert releaser.is_alive() and ring.changes["a"][-1] == frozenset(range(SLOTS))
+    assert 5 in slots_annotation(ring, "a")
+    with a.working(5) as mine:
+        assert not mine                   # no new one
     leave.set()
     releaser.join(5)
     worker.join(5)
+    assert wrote == [5]
     assert ring.changes["a"][-1] == frozenset(range(SLOTS)) - {5}
+    assert 5 not in slots_annotation(ring, "a")
 
 
 def my(name, uid):
@@ -282,11 +308,14 @@ def test_the_manager_runs_only_reconciles_of_held_slots_fenced_and_reselects(mon
     assert mgr.client.transport.user_agent.endswith(" shard/pod-0")
     assert mgr.client.write_guard == member.check
     resource = Resource("mine.jp", "v1", "mys", "My")
-    seen = []
+    seen, refused = [], []
 
     def reconcile(key):
         seen.append((key, current_slot()))
-        member.check()
+        try:
+            member.check()
+        except NotOwnerError:
+            refused.append(key)
     mgr.add_controller(resource, reconcile, owns=[DEPLOYMENTS], owns_label_selector="a=b")
     runner = mgr._controllers[0].runner
     primary = mgr._controllers[0].primary
@@ -303,8 +332,10 @@ def test_the_manager_runs_only_reconciles_of_held_slots_fenced_and_reselects(mon
     assert {k.name for k, _ in seen} == {n for n, s in slots.items() if s in ours}
     assert all(slot == slots[k.name] for k, slot in seen)
     seen.clear()
-    runner._reconcile(ObjectKey("ns", "not-cached"))          # no slot: "gone", still run
-    assert seen == [(ObjectKey("ns", "not-cached"), None)]
+    assert not refused
+    runner._reconcile(ObjectKey("ns", "not-cached"))     # no slot: run to "gone", no writes
+    assert seen == [(ObjectKey("ns", "not-cached"), UNCACHED)]
+    assert refused == [ObjectKey("ns", "not-cached")]
 
     mgr._reselect(ours)
     (watcher,) = primary.watchers
@@ -336,3 +367,241 @@ def test_children_carry_their_owners_slot_only_when_sharding():
         # The config hash covers the label (a child without it is applied again).
         assert a["metadata"]["annotations"] != b["metadata"]["annotations"]
     assert ("metadata", "labels", SLOT_LABEL) in controller._CHILD_META
+
+
+# ---------------------------------------------------------------------------
+# Review of issue 37's phase 1: each test below failed before its fix.
+
+def test_a_write_from_the_reconcile_of_an_uncached_key_is_refused(monkeypatch):
+    """A key whose object is not cached has no slot to fence by: if its object
+    lands in the cache while the reconcile runs (the watch of a slot just
+    released still delivering), the reconcile must not write for it."""
+    from k8s_http.core.objects import Resource
+    mgr = sharded_manager(monkeypatch, namespaces=["ns"])
+    member = mgr._member
+    resource = Resource("mine.jp", "v1", "mys", "My")
+    primary_box = []
+    late = my("late", "5f2b9c1e-0d7a-4c59-a0e4-3f1a2b3c4d5e")
+    refused = []
+
+    def reconcile(key):
+        primary_box[0].store.upsert_if_changed(late)      # delivered meanwhile
+        try:
+            member.check()
+        except NotOwnerError:
+            refused.append(key)
+    mgr.add_controller(resource, reconcile)
+    primary_box.append(mgr._controllers[0].primary)
+    member.elector._renewed_at = member.elector._clock()     # the Lease is held
+    with member._cond:
+        member._held = frozenset(range(SLOTS)) - {shards.slot_of(late["metadata"]["uid"])}
+    mgr._controllers[0].runner._reconcile(ObjectKey("ns", "late"))
+    assert refused == [ObjectKey("ns", "late")]
+
+
+def test_slots_whose_reconciles_outlive_the_drain_stay_published_until_they_return():
+    ring = Ring()
+    a = ring.member("a", drain_timeout_seconds=0.05)
+    join(a)
+    a.tick()
+    b_share = slots_of("b_x", {"a_x", "b_x"})
+    stuck = min(b_share)
+    entered, leave = threading.Event(), threading.Event()
+
+    def reconcile():
+        with a.working(stuck):
+            entered.set()
+            leave.wait(10)
+    worker = threading.Thread(target=reconcile)
+    worker.start()
+    assert entered.wait(5)
+    try:
+        b = ring.member("b")
+        join(b)
+        a.tick()                      # a releases b's share; one reconcile outlives the drain
+        assert stuck not in a.held
+        assert slots_annotation(ring, "a") & b_share == {stuck}
+        b.tick()
+        assert b.held == b_share - {stuck}      # never the slot still being worked on
+    finally:
+        leave.set()
+        worker.join(5)
+    a.tick()                          # it returned: now the slot is let go
+    assert slots_annotation(ring, "a") == a.held
+    b.tick()
+    assert b.held == b_share
+
+
+def test_a_claim_whose_confirmation_failed_is_not_left_published():
+    """The claiming write landed, the confirming list failed: the claim is
+    withdrawn, or a member joining later would wait for those slots forever."""
+    from k8s_http.core.errors import ServerError
+    ring = Ring()
+    a, b = two_members(ring)
+    for m in (a, b, a, b):
+        m.tick()
+    b_share = b.held
+    ring.clock.advance(15.0)          # b is silent (killed); a renews and claims b's share
+    join(a)
+    real, calls = ring._list, []
+
+    def confirm_fails(resource, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ServerError(500, "etcdserver: request timed out")
+        return real(resource, **kw)
+    ring.client.lists = confirm_fails
+    with pytest.raises(ServerError):
+        a.tick()
+    ring.client.lists = real
+    assert a.held == frozenset(range(SLOTS)) - b_share
+    b = ring.member("b")              # b comes back (its identity unchanged) and rejoins
+    join(b)
+    a.tick()                          # b is live again: a wants exactly what it holds
+    join(a)                           # a renewal publishes what a works on
+    b.tick()
+    assert b.held == b_share
+
+
+def test_a_lapse_of_the_lease_is_never_overtaken_by_a_claim():
+    """The lease thread drops every slot when the Lease lapses; a claim that
+    checked membership just before must not add slots after that drop."""
+    ring = Ring()
+    a = ring.member("a")
+    join(a)
+    lapse = threading.Thread(target=a._on_not_member)
+    real_is_leader = a.elector.is_leader
+
+    def is_leader_then_lapse():
+        answer = real_is_leader()
+        if answer and slots_annotation(ring, "a") and not lapse.is_alive() \
+                and lapse.ident is None:
+            # The claim's write landed and it checks membership: the Lease lapses now.
+            lapse.start()
+            lapse.join(0.2)
+        return answer
+    a.elector.is_leader = is_leader_then_lapse
+    a.tick()
+    lapse.join(5)
+    assert a.held == frozenset()
+
+
+def test_not_ready_before_it_holds_the_slots_assigned_to_it():
+    ring = Ring()
+    a = ring.member("a")
+    join(a)
+    a.tick()
+    assert a.ready()[0]
+    b = ring.member("b")
+    join(b)
+    b.tick()                          # b's share is still a's
+    ready, why = b.ready()
+    assert not ready and "slots" in why
+    a.tick()
+    b.tick()
+    assert b.ready()[0] and a.ready()[0]
+
+
+def test_a_failed_probe_of_server_side_filtering_is_tried_again():
+    from k8s_http.core.errors import ApiTimeoutError
+    ring = Ring()
+    real, probes = ring._list, []
+
+    def gate_on(resource, **kw):
+        if kw.get("shard_selector"):
+            probes.append(1)
+            if len(probes) == 1:
+                raise ApiTimeoutError("timed out")
+            return {"metadata": {"shardInfo": {"selector": kw["shard_selector"]}}, "items": []}
+        return real(resource, **kw)
+    ring.client.lists = gate_on
+    a = ring.member("a")
+    join(a)
+    a.tick()
+    a.tick()
+    assert len(probes) == 2
+    assert a.metrics.shard_server_filtered._value.get() == 1
+
+
+def test_a_deleted_member_lease_keeps_its_slots_until_it_would_have_expired():
+    """Its member works on until its renew deadline: a Lease that vanished
+    (deleted by hand, say) frees nothing before it would have expired."""
+    ring = Ring()
+    a, b = two_members(ring)
+    for m in (a, b, a, b):
+        m.tick()
+    b_share = b.held
+    ring.client.objects = {k: v for k, v in ring.client.objects.items()
+                           if v["metadata"]["name"] != "app-member-b"}
+    a.tick()
+    assert a.held == frozenset(range(SLOTS)) - b_share
+    ring.clock.advance(14.0)
+    join(a)
+    a.tick()
+    assert a.held == frozenset(range(SLOTS)) - b_share
+    ring.clock.advance(1.0)
+    join(a)
+    a.tick()
+    assert a.held == frozenset(range(SLOTS))
+
+
+def test_stopping_with_reconciles_still_running_leaves_the_lease_to_expire(monkeypatch):
+    mgr = sharded_manager(monkeypatch)
+    left = []
+    monkeypatch.setattr(mgr._member, "leave", lambda **kw: left.append(kw))
+    monkeypatch.setattr(mgr, "_wait_idle", lambda timeout_seconds: False)
+    assert mgr.stop() == 1
+    assert left == [{"release": False}]
+
+
+def test_a_failing_round_keeps_the_held_slots_and_the_ring_thread_going(caplog):
+    from k8s_http.core.errors import ApiTimeoutError, ServerError
+    ring = Ring()
+    a = ring.member("a")
+    join(a)
+    a.run_round()
+    held = a.held
+    assert held == frozenset(range(SLOTS))
+    failures = [ServerError(500, "etcdserver: leader changed"), ApiTimeoutError("timed out"),
+                RuntimeError("a bug")]
+
+    def failing(resource, **kw):
+        raise failures.pop(0)
+    ring.client.lists = failing
+    with caplog.at_level("DEBUG", logger="k8s_http.control.sharding"):
+        for _ in range(3):
+            a.run_round()                 # never raises
+        assert a.held == held and a.ready()[0]
+        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1         # the first of a series; the next at debug
+        ring.client.lists = ring._list
+        a.run_round()
+    assert "shard ring rounds work again" in caplog.text
+
+
+def test_a_claim_after_waiting_for_the_previous_owner_is_a_handover_in_the_histogram():
+    ring = Ring()
+    a = ring.member("a")
+    join(a)
+    a.tick()
+    b = ring.member("b")
+    join(b)
+    b.tick()                              # b wants its share; a still lists it
+    ring.clock.advance(0.5)
+    a.tick()
+    ring.clock.advance(0.25)
+    b.tick()
+    hist = {s.name: s.value for m in b.metrics.shard_handover_seconds.collect()
+            for s in m.samples}
+    assert hist["k8s_http_shard_handover_seconds_count"] == 1
+    assert hist["k8s_http_shard_handover_seconds_sum"] == 0.75
+
+
+def test_reconciles_that_outlive_a_release_end_the_process(monkeypatch):
+    exits = []
+    mgr = sharded_manager(monkeypatch, exit_process=exits.append)
+    mgr._member._on_drain_timeout(frozenset({1, 2}))
+    assert exits == [1]
+    mgr._stop.set()                       # stopping anyway: stop() decides the exit code
+    mgr._member._on_drain_timeout(frozenset({1}))
+    assert exits == [1]
