@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from k8s_http.core.objects import DEPLOYMENTS, LEASES, SERVICES
-from k8s_http.core.shards import slot_of
+from k8s_http.core.shards import slot_of, slots_of as slots_of_member
 from k8s_http.control.sharding import decode_slots
 from my.spec import LABEL_INSTANCE as INSTANCE, SLOT_LABEL
 from tests.e2e.operator_process import (MANAGED_BY, MANIFESTS, MY, SYSTEM_NS, install_manifests,
@@ -131,6 +131,18 @@ def lease_slots(client, namespace, replica) -> frozenset[int]:
                         .get(SLOTS_ANNOTATION))
 
 
+def slots_settled(client, namespace, replicas) -> bool:
+    """Every replica's Lease lists exactly the slots assign() gives its holder
+    among the live holders: the handovers of a membership change are over."""
+    leases = {n: client.get(LEASES, f"{APP}-member-{n}", namespace=namespace) for n in replicas}
+    holders = {n: (lease.get("spec") or {}).get("holderIdentity") for n, lease in leases.items()}
+    if not all(holders.values()):
+        return False
+    members = set(holders.values())
+    return all(lease_slots(client, namespace, n) == slots_of_member(holders[n], members)
+               for n in replicas)
+
+
 def held(op) -> float:
     return op.metric("k8s_http_shard_slots_held")
 
@@ -162,8 +174,9 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
                for name in REPLICAS}
         for op in ops.values():
             op.wait_ready()
-        eventually(lambda: sum(held(op) for op in ops.values()) == 256
-                   and all(held(op) > 0 for op in ops.values()),
+        # Settled, not merely covered: 256 held with every replica holding some is
+        # also true midway, while one still holds slots a joiner will claim.
+        eventually(lambda: slots_settled(client, namespace, REPLICAS),
                    timeout=30, interval=0.2, message="the slots were not shared out")
         shares = {n: lease_slots(client, namespace, n) for n in REPLICAS}
         assert sum(len(s) for s in shares.values()) == 256
