@@ -69,7 +69,8 @@ def rss_bytes(pid: int) -> int:
 
 def read_chars(pid: int) -> int:
     """`rchar` of /proc/PID/io: bytes the process got from read(2) and its kin, of
-    every file descriptor (sockets, files, pipes), whether from the page cache or not."""
+    every file descriptor (files, pipes, sockets read with read(2): OpenSSL's TLS),
+    whether from the page cache or not; recv(2) on a socket is not counted."""
     with open(f"/proc/{pid}/io") as f:
         for line in f:
             if line.startswith("rchar:"):

@@ -180,8 +180,9 @@ def write_markdown(path: Path, data: dict) -> None:
             f"{settings.get('stable_seconds', 3):g} s, then "
             f"{settings.get('settle_seconds', 10):g} s more. *Bytes read*: `rchar` of "
             "/proc/PID/io from spawn (the operator counts no response bytes): the apiserver's "
-            "answers as TLS records, uncompressed, plus the Python files imported at start and "
-            "the bench's probes; the idle replica (over an empty namespace) shows that part. "
+            "answers as TLS records (OpenSSL reads with read(2)), uncompressed, plus the Python "
+            "files imported at start (not the probes' plain HTTP, read with recv(2)); the idle "
+            "replica (over an empty namespace) shows that fixed part. "
             "Ratios: each replica's figure ÷ the single replica's, the largest of the replicas "
             "judged.", ""]
 
