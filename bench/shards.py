@@ -458,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(args, data: dict) -> None:
-    if "goals" not in data:               # an interrupted run's partial file
-        summarise(data)
+    """RESULTS.shards.md from `data`: ratios and goals worked out again (an interrupted
+    run's partial file has none yet)."""
+    summarise(data)
     report.write_markdown(args.markdown, data)
 
 

@@ -163,7 +163,9 @@ def write_markdown(path: Path, data: dict) -> None:
     size = settings.get("size", 0)
     out = [f"## Sharded replicas: 1 vs {settings.get('replicas', 3)} at {size:,} `My`, "
            "apiserver gate off and on (issue 37 item 5)", "",
-           f"    {meta.get('command', 'python -m bench shards')}", "", provenance(meta), ""]
+           f"    {meta.get('command', 'python -m bench shards')}", "",
+           provenance(meta) + (f" Whole run: {meta['wall_seconds'] / 60:.1f} min."
+                               if meta.get("wall_seconds") else ""), ""]
     out += ["Method: one local control plane, Pod-less (Deployment and ReplicaSet controllers "
             "off); a fleet of converged `My` (Deployment, "
             + ("ClusterIP" if settings.get("cluster_ip_services") else "headless")
@@ -212,7 +214,4 @@ def write_markdown(path: Path, data: dict) -> None:
         out.append(f"Idle replica: ready {_num(idle.get('ready_seconds'), '.2f')} s, RSS "
                    f"{_num(idle.get('rss_mib'), '.1f')} MiB, bytes read "
                    f"{_mib(idle.get('read_bytes'))}.")
-    out.append("")
-    if meta.get("wall_seconds"):
-        out.append(f"Whole run: {meta['wall_seconds'] / 60:.1f} min.")
     path.write_text("\n".join(out).rstrip() + "\n")

@@ -219,7 +219,7 @@ def test_summarise_and_markdown(tmp_path):
         in text
     assert "| steady RSS (VmRSS) | 100.0 MiB | 40.0 MiB | 45.0 MiB | 42.0 MiB | 0.45× |" in text
     assert "| steady RSS above the idle replica | 70.0 MiB |" in text
-    assert "python -m bench shards --size 2000" in text and "Whole run: 10.0 min." in text
+    assert "python -m bench shards --size 2000" in text and " Whole run: 10.0 min.\n" in text
 
 
 # ---------------------------------------------------------------- the apiserver's flags
