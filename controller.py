@@ -206,6 +206,18 @@ class _Blocked(NamedTuple):
     result: Result | None
 
 
+def with_slot_label(my: dict, child: dict, slot_label: str) -> dict:
+    """A rendered child of `my` (changed in place and returned) labelled `slot_label`
+    with its owner's slot, and its config hash stamped again over the label: with
+    --shards=auto a replica watches the children of its own slots only. The bench
+    renders a sharded operator's converged fleet with it (bench/scaling/fleet.py)."""
+    slot = slot_of(meta_of(my).get("uid") or "")
+    annotations = child["metadata"].get("annotations") or {}
+    annotations.pop(CONFIG_HASH_ANNOTATION, None)
+    child["metadata"].setdefault("labels", {})[slot_label] = slot_label_value(slot)
+    return with_config_hash(child, CONFIG_HASH_ANNOTATION)
+
+
 class MyReconciler:
     """reconcile(key) for `My` objects.
 
@@ -463,11 +475,7 @@ class MyReconciler:
         adds the label (once per child; see docs/SHARDING.md)."""
         if self._slot_label is None:
             return child
-        slot = slot_of(meta_of(my).get("uid") or "")
-        annotations = child["metadata"].get("annotations") or {}
-        annotations.pop(CONFIG_HASH_ANNOTATION, None)
-        child["metadata"].setdefault("labels", {})[self._slot_label] = slot_label_value(slot)
-        return with_config_hash(child, CONFIG_HASH_ANNOTATION)
+        return with_slot_label(my, child, self._slot_label)
 
     @staticmethod
     def _has_acted_on(my: dict) -> bool:

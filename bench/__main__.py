@@ -29,6 +29,7 @@ BENCHMARKS = {
     "soak": "soak",
     "soak_alloc": "soak_alloc",
     "chaos": "chaos",
+    "shards": "shards",
     "fuzz": "fuzz",
     "watch_decode": "watch_decode",
     "pipeline": "pipeline",

@@ -145,11 +145,11 @@ def run_operator(bench: converge.Bench, cluster: BenchCluster, key: str, size: i
     return out
 
 
-def run_bare(cluster: BenchCluster, size: int, mode: str) -> dict:
+def run_bare(cluster: BenchCluster, size: int, mode: str, namespace: str = NAMESPACE) -> dict:
     """`python -m bench bare` as a fresh process: spawn-to-exit and in-process seconds."""
     t0 = time.monotonic()
     proc = subprocess.run([harness.bench_python(), "-m", "bench", "bare",
-                           "--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE,
+                           "--kubeconfig", str(cluster.kubeconfig), "--namespace", namespace,
                            "--mode", mode], capture_output=True, text=True, check=False,
                           env=python_env(), cwd=ROOT)
     wall = time.monotonic() - t0

@@ -240,14 +240,17 @@ def slope_per_hour(samples: list[dict], key: str, after: float) -> float | None:
     return line.slope * 3600 if line else None
 
 
-def scrape(port: int) -> dict[str, float]:
+SCRAPED = ("k8s_http_", "controller_runtime_reconcile_total",
+           "controller_runtime_reconcile_errors_total", "rest_client_requests_total")
+
+
+def scrape(port: int, prefixes: tuple[str, ...] = SCRAPED) -> dict[str, float]:
+    """The samples of /metrics whose names start with one of `prefixes`: "name{labels}" -> value."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith(("k8s_http_", "controller_runtime_reconcile_total",
-                            "controller_runtime_reconcile_errors_total",
-                            "rest_client_requests_total")):
+        if line.startswith(prefixes):
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out

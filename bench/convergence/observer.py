@@ -1,6 +1,7 @@
 """What the apiserver shows, as a watcher sees it, timestamped on arrival.
 
-One list-then-watch thread per resource (My, Deployment, Service) in the
+One list-then-watch thread per resource (My, Deployment, Service; or only
+the `kinds` asked for, and only objects matching `label_selector`) in the
 benchmark's namespace keeps the latest copy of each object. A `Tracker` waits
 for a set of (kind, name) pairs to satisfy a predicate and records, for each,
 the monotonic time its watch event arrived: "converged" is measured the way
@@ -58,17 +59,20 @@ class Tracker:
 
 
 class Observer:
-    def __init__(self, client: ApiClient, namespace: str):
+    def __init__(self, client: ApiClient, namespace: str, *,
+                 kinds: Iterable[str] = tuple(KINDS), label_selector: str | None = None):
         self.client = client
         self.namespace = namespace
-        self.objects: dict[str, dict[str, dict]] = {kind: {} for kind in KINDS}
+        self.label_selector = label_selector
+        kinds = tuple(kinds)
+        self.objects: dict[str, dict[str, dict]] = {kind: {} for kind in kinds}
         self._trackers: list[Tracker] = []
         self.lock = threading.Lock()        # guards objects and the tracker list
         self._stop = threading.Event()
-        self._synced = {kind: threading.Event() for kind in KINDS}
+        self._synced = {kind: threading.Event() for kind in kinds}
         self._streams: dict[str, object] = {}
         self._threads = [threading.Thread(target=self._run, args=(kind,), daemon=True,
-                                          name=f"observe-{kind}") for kind in KINDS]
+                                          name=f"observe-{kind}") for kind in kinds]
         self.errors: list[str] = []
 
     def start(self, timeout_seconds: float = 30.0) -> "Observer":
@@ -132,7 +136,8 @@ class Observer:
         while not self._stop.is_set():
             try:
                 if rv is None:
-                    listed = self.client.list(resource, namespace=self.namespace)
+                    listed = self.client.list(resource, namespace=self.namespace,
+                                              label_selector=self.label_selector)
                     with self.lock:
                         self.objects[kind] = {}
                     for obj in listed["items"]:
@@ -140,6 +145,7 @@ class Observer:
                     rv = listed["metadata"]["resourceVersion"]
                     self._synced[kind].set()
                 stream = self.client.watch(resource, namespace=self.namespace,
+                                           label_selector=self.label_selector,
                                            resource_version=rv, timeout_seconds=300)
                 with self.lock:
                     self._streams[kind] = stream

@@ -67,6 +67,17 @@ def rss_bytes(pid: int) -> int:
     return _status_kib(pid, "VmRSS") * 1024
 
 
+def read_chars(pid: int) -> int:
+    """`rchar` of /proc/PID/io: bytes the process got from read(2) and its kin, of
+    every file descriptor (files, pipes, sockets read with read(2): OpenSSL's TLS),
+    whether from the page cache or not; recv(2) on a socket is not counted."""
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    raise KeyError("rchar")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -103,6 +114,7 @@ class OperatorProcess:
         self._reader: threading.Thread | None = None
         self._lines_lock = threading.Lock()
         self.log_path: Path | None = None
+        self.env: dict[str, str] = {}      # added to the process's environment
 
     # -- to override
 
@@ -137,7 +149,7 @@ class OperatorProcess:
 
     def start(self, tag: str) -> None:
         self.log_path = self.log_dir / f"{self.key}-{tag}.log"
-        env = python_env(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
+        env = python_env(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", **self.env)
         parent = os.getpid()
 
         def tie_to_parent() -> None:         # between fork and exec
@@ -204,6 +216,9 @@ class OperatorProcess:
 
     def rss_bytes(self) -> int:
         return rss_bytes(self.pid)
+
+    def read_chars(self) -> int:
+        return read_chars(self.pid)
 
 
 class OurOperator(OperatorProcess):

@@ -24,6 +24,11 @@ A headless Service allocates nothing. Neither operator reads spec.clusterIP
 (ours' projection drops it, the peer compares the config hash), so to them the
 fleet is just as converged; the objects differ by an address string.
 
+Children for `--shards=auto` replicas (`slot_label=`, bench/shards.py): each child
+carries its owner's slot in that label, with the config hash stamped over it, by
+controller.py's own `with_slot_label`, as a sharded replica renders them; a child
+without it would be relabelled by the replica (a 409, a read and an apply each).
+
 Requests go through k8s_http's client from a thread pool (its connection pool
 is the parallelism); five requests per `My`.
 """
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 
 from bench.convergence.cluster import MY
 from bench.convergence.scenarios import my_object
+from controller import with_slot_label
 from k8s_http.wire.client import ApiClient
 from k8s_http.core.errors import AlreadyExistsError, NotFoundError
 from k8s_http.core.objects import DEPLOYMENTS, SERVICES, rfc3339_now
@@ -76,16 +82,24 @@ def finished_rollout_status(deployment: dict, now: str) -> dict:
     }
 
 
-def fleet_service(my: dict, *, headless: bool = False) -> dict:
-    """The Service the operator renders for `my`; headless: with `clusterIP: None`."""
-    service = render_service(my)
+def fleet_service(my: dict, *, headless: bool = False, slot_label: str | None = None) -> dict:
+    """The Service the operator renders for `my` (sharded: with `slot_label`); headless:
+    with `clusterIP: None`."""
+    service = fleet_child(my, render_service, slot_label=slot_label)
     if headless:
         service["spec"]["clusterIP"] = "None"
     return service
 
 
+def fleet_child(my: dict, render, *, slot_label: str | None = None) -> dict:
+    """The child `render` (my.render's) gives for `my`, as the operator applies it;
+    a sharded one's (`--shards=auto`) with `slot_label`."""
+    child = render(my)
+    return child if slot_label is None else with_slot_label(my, child, slot_label)
+
+
 def make_converged(client: ApiClient, namespace: str, name: str, *,
-                   headless: bool = False) -> None:
+                   headless: bool = False, slot_label: str | None = None) -> None:
     """One `My` with its children and both statuses, as a converged operator leaves them."""
     body = my_object(name, ENV_VALUE, replicas=1)
     try:
@@ -94,13 +108,14 @@ def make_converged(client: ApiClient, namespace: str, name: str, *,
         my = client.get(MY, name, namespace=namespace)
     now = rfc3339_now()
     manager = FIELD_MANAGER
-    deployment = client.apply(DEPLOYMENTS, render_deployment(my),
+    deployment = client.apply(DEPLOYMENTS,
+                              fleet_child(my, render_deployment, slot_label=slot_label),
                               field_manager=manager, force=True)
     deployment = client.patch_status(
         DEPLOYMENTS, name, {"status": finished_rollout_status(deployment, now)},
         namespace=namespace)
-    client.apply(SERVICES, fleet_service(my, headless=headless), field_manager=manager,
-                 force=True)
+    client.apply(SERVICES, fleet_service(my, headless=headless, slot_label=slot_label),
+                 field_manager=manager, force=True)
     client.patch_status(MY, name, {"status": desired_status(my, deployment, now=now)},
                         namespace=namespace)
 
@@ -127,11 +142,12 @@ class Fleet:
     """The fleet in one namespace; `grow_to(n)` makes the missing `My` [size, n)."""
 
     def __init__(self, client: ApiClient, namespace: str, *, threads: int = 16,
-                 headless: bool = False, progress=None):
+                 headless: bool = False, slot_label: str | None = None, progress=None):
         self.client = client
         self.namespace = namespace
         self.threads = threads
         self.headless = headless
+        self.slot_label = slot_label
         self.size = 0
         self.progress = progress or (lambda message: None)
 
@@ -175,7 +191,8 @@ class Fleet:
         pool = ThreadPoolExecutor(self.threads)
         try:
             work = pool.map(lambda i: make_converged(self.client, self.namespace, fleet_name(i),
-                                                     headless=self.headless),
+                                                     headless=self.headless,
+                                                     slot_label=self.slot_label),
                             range(start, target))
             for _ in work:                    # raises the first failure
                 done += 1

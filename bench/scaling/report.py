@@ -87,7 +87,8 @@ def _slope_cell(slope: dict | None) -> str:
     return f"{slope['kib_per_my']:.2f} KiB/My (idle {slope['intercept_mib']:.1f} MiB)"
 
 
-def _provenance(meta: dict) -> str:
+def provenance(meta: dict) -> str:
+    """Date, commit, load, machine, Python and versions of a run, in one sentence."""
     machine = meta.get("machine", {})
     load = ", ".join(f"{x:.1f}" for x in machine.get("load_average_at_start", []))
     versions = ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()
@@ -104,7 +105,7 @@ def write_markdown(path: Path, data: dict, before: dict | None = None) -> None:
     largest = sizes[-1] if sizes else "0"
     slopes = data.get("slopes", {})
     out = ["## Scale: operators started over an existing, converged fleet", "",
-           f"    {meta.get('command', 'python -m bench scale')}", "", _provenance(meta), ""]
+           f"    {meta.get('command', 'python -m bench scale')}", "", provenance(meta), ""]
     planned = [str(s) for s in settings.get("sizes", [])]
     if planned and planned != sizes:
         out += [f"**Stopped early**: sizes measured {', '.join(f'{int(s):,}' for s in sizes)} "

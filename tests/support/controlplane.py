@@ -835,6 +835,23 @@ class ControlPlane:
         self.kill_apiserver(sig)
         return self.start_apiserver()
 
+    def set_apiserver_flag(self, flag: str, value: str) -> None:
+        """`--flag=value` in place of every `--flag=...` kube-apiserver has, from its
+        next start (after kill_apiserver: same port, same etcd data), e.g. a feature
+        gate turned off. A plane started here only: an attached plane's flags are its
+        supervisor's."""
+        if self._supervisor_pid:
+            raise ControlPlaneError("an attached plane's kube-apiserver flags are its supervisor's")
+        prefix = f"{flag}="
+
+        def replaced(argv: list[str]) -> list[str]:
+            return [a for a in argv if not a.startswith(prefix)] + [prefix + value]
+
+        with self._lock:
+            self._extra_args["kube-apiserver"] = replaced(self._extra_args["kube-apiserver"])
+            if "kube-apiserver" in self._argv:          # what start_apiserver() runs again
+                self._argv["kube-apiserver"] = replaced(self._argv["kube-apiserver"])
+
     # --- tokens
 
     def mint_service_account_kubeconfig(self, namespace: str, name: str,

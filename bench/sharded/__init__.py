@@ -1,0 +1,1 @@
+"""bench/shards.py's parts: the arithmetic (analysis) and the report."""
