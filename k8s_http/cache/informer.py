@@ -4,6 +4,13 @@ One Watcher thread per namespace (or one for all namespaces), all writing to a
 shared Store. Handlers are (mapper, queue) pairs: a mapper turns an object into
 the keys to reconcile (its own key, or its controlling owner's), and the queue
 deduplicates them. Handlers never see event types: reconciles are level-based.
+
+Priority (controller-runtime's priority queue, on by default since v0.23): the
+keys of a list's objects the cache already held at the same resourceVersion,
+and of every object of a watcher's first list (at start, after reselect()), go
+to the queues at LOW_PRIORITY, behind every key of a watch event and of a
+changed or vanished object. A user's new `My` is then not served after tens of
+thousands of no-op reconciles of a start-up, a relist or a sharding takeover.
 """
 
 from __future__ import annotations
@@ -23,9 +30,13 @@ from .store import Fields, StoreList, Store
 from .watcher import Watcher
 from .watchstep import STALLS_UNHEALTHY
 
-__all__ = ["Informer", "Mapper", "KeyMapper", "own_key", "owner_key"]
+__all__ = ["Informer", "Mapper", "KeyMapper", "LOW_PRIORITY", "own_key", "owner_key"]
 
 log = logging.getLogger(__name__)
+
+# controller-runtime's handler.LowPriority: the priority listed keys are handed
+# to a queue's add_many(keys, priority=) with (WorkQueue: served after all others).
+LOW_PRIORITY = -100
 
 Mapper = Callable[[dict], Iterable[ObjectKey]]
 
@@ -151,6 +162,9 @@ class Informer:
         # deliveries count: a replaced watcher's late ones are dropped.
         self._keep: Callable[[dict], bool] | None = None
         self._generation = 0
+        # The scopes (namespaces, None for all) whose watcher of this generation has
+        # delivered a list: a first list's keys all go low (see the module doc).
+        self._listed: set[str | None] = set()
         self._deliver_lock = threading.RLock()
         self._dropped = 0       # objects the client-side filter dropped
         # The stop event of the current watchers (reselect replaces it); `_stop` is the informer's.
@@ -189,6 +203,7 @@ class Informer:
         """
         with self._deliver_lock:
             self._generation += 1
+            self._listed = set()
             self._keep = keep
             self._nothing = nothing
         with self._lock:
@@ -243,7 +258,8 @@ class Informer:
         """Add mapper(obj) to queue on every add, update and delete (vanished objects included).
 
         Add handlers before start(): the initial list is delivered to the handlers
-        present at that time.
+        present at that time. The queue needs add(key); with add_many(keys, *,
+        priority=0) as well (WorkQueue), a list's keys go in one call per priority.
         """
         self._handlers.append((mapper, queue))
         # When every mapper says what it reads (own_key, owner_key are KeyMappers),
@@ -286,13 +302,19 @@ class Informer:
         # nothing goes back to the watcher. The watchers fill a StoreList of the
         # store's as a list arrives, so a long list is never held as dicts.
         listing = self._filtered(items)
-        vanished = self.store.replace(listing, namespace=namespace)
+        first = namespace not in self._listed
+        self._listed.add(namespace)
+        unchanged: set[ObjectKey] | None = None if first else set()
+        vanished = self.store.replace(listing, namespace=namespace, unchanged=unchanged)
         self._cache_objects.set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates. The listed objects
         # are built one at a time: all of them at once would be the whole list
         # as dicts again, the peak the packed store exists to avoid.
-        self._enqueue(itertools.chain(listing.objects(fields=self._mapped_fields), vanished))
+        # Low: what the cache held as it is, and all of a first list (no view of it).
+        low, changed = (listing, self.store.new_list()) if first else listing.split(unchanged)
+        self._enqueue(itertools.chain(changed.objects(fields=self._mapped_fields), vanished))
+        self._enqueue(low.objects(fields=self._mapped_fields), priority=LOW_PRIORITY)
 
     def _on_event(self, type_: str, obj: dict) -> None:
         if self._keep is not None and not self._keep(obj):
@@ -318,11 +340,12 @@ class Informer:
                       skip=skip)
 
     def _enqueue(self, objs: Iterable[dict], *,
-                 skip: tuple[object, ObjectKey] | None = None) -> None:
+                 skip: tuple[object, ObjectKey] | None = None, priority: int = 0) -> None:
         """The keys the mappers find in `objs` to every handler's queue, each key
         once per queue; a queue with `add_many` (WorkQueue) takes them in one
         call: a relist's tens of thousands of keys cost one lock and one wake-up
-        per queue instead of one each. `skip`: (queue, key) not to add."""
+        per queue instead of one each. `skip`: (queue, key) not to add.
+        `priority` (not 0) goes to add_many(); a queue with add() alone gets plain adds."""
         found: list[list[ObjectKey]] = [[] for _ in self._handlers]
         for obj in objs:
             for (mapper, _), keys in zip(self._handlers, found):
@@ -332,11 +355,11 @@ class Informer:
             if skip is not None and skip[0] is queue:
                 keys.pop(skip[1], None)
             add_many = getattr(queue, "add_many", None)
-            if add_many is not None:
-                add_many(keys)
-            else:
+            if add_many is None:
                 for key in keys:
                     queue.add(key)
+            elif keys:
+                add_many(keys, priority=priority) if priority else add_many(keys)
 
     @staticmethod
     def _keys(mapper: Mapper, obj: dict) -> list[ObjectKey]:

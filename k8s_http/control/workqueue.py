@@ -7,9 +7,10 @@ lock and one condition variable, and no timer thread is needed:
 - `_Queue`: deduplication and the processing set. A key is queued at most
   once however often it is added, and never handed to two workers at once.
   Keys given a priority (`add_after(..., priority=1)`) wait in a line that
-  `get()` serves first; keys added low (`add(..., priority=LOW_PRIORITY)`: a
-  relist's or a resync's) in a line it serves last, and any add at priority >= 0
-  of a key waiting there moves it up (controller-runtime's priority queue).
+  `get()` serves first; keys added at a negative priority (the informer's
+  LOW_PRIORITY: a list's unchanged objects, a resync) in a line it serves
+  last, and any add at priority >= 0 of a key waiting there moves it up
+  (controller-runtime's priority queue).
 - `_DelayingQueue`: `add_after()`. Delayed keys wait in a heap; `get()` moves
   the due ones into the queue, checking against the injected clock, and sleeps
   on the condition at most until the next one is due. A delayed add with a
@@ -49,16 +50,12 @@ from typing import Callable, Hashable, Iterable
 from ..core.backoff import RateLimiter, default_controller_rate_limiter
 from ..ops.metrics import Metrics
 
-__all__ = ["LOW_PRIORITY", "ShutDownError", "WorkQueue"]
+__all__ = ["ShutDownError", "WorkQueue"]
 
 logger = logging.getLogger(__name__)
 
 # Real time, for bounding real waits; never used for scheduling or metrics.
 _real_monotonic = time.monotonic
-
-# controller-runtime's handler.LowPriority: what its informers give the keys of
-# an initial list and of a resync. Any negative priority is "low" here.
-LOW_PRIORITY = -100
 
 # The low line is compacted once its stale entries outnumber its live ones by this.
 _LOW_LINE_SLACK = 64
@@ -143,8 +140,8 @@ class _Queue:
     def add(self, key: Hashable, *, priority: int = 0) -> None:
         """Queue `key` unless it is already queued. Ignored after shutdown().
 
-        `priority` < 0 (LOW_PRIORITY): behind every key added at priority >= 0,
-        FIFO among the low ones. Adding a queued low key at priority >= 0 moves
+        `priority` < 0 (low: the informer's LOW_PRIORITY): behind every key
+        added at priority >= 0, FIFO among the low ones. Adding a queued low key at priority >= 0 moves
         it to the back of the ordinary line; adding a queued key low changes nothing.
         """
         with self._lock:

@@ -167,6 +167,23 @@ def test_replace_scoped_to_a_namespace_keeps_the_others():
     assert names(s.by_index("namespace", "ns2")) == ["x"]
 
 
+def test_replace_tells_which_listed_objects_it_held_at_the_same_version():
+    for namespace in (None, "default"):
+        s = Store()
+        for name in ("same", "moved", "gone"):
+            s.upsert(obj(name))
+        unversioned = obj("unversioned")
+        del unversioned["metadata"]["resourceVersion"]
+        s.upsert(unversioned)
+        unchanged = set()
+        s.replace([obj("same"), obj("moved", rv="2"), obj("new"), copy.deepcopy(unversioned)],
+                  namespace=namespace, unchanged=unchanged)
+        assert unchanged == {ObjectKey("default", "same")}, namespace
+        listing = s.new_list([obj("same"), obj("moved"), obj("new")])
+        inside, outside = listing.split(unchanged)
+        assert names(inside) == ["same"] and names(outside) == ["moved", "new"]
+
+
 def test_replace_with_nothing_empties_the_store():
     s = Store()
     s.upsert(obj("a"))

@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from k8s_http.core.backoff import ItemExponentialLimiter, MaxOfLimiter, BucketLimiter
 from k8s_http.ops.metrics import Metrics
-from k8s_http.control.workqueue import LOW_PRIORITY, WorkQueue
+from k8s_http.cache.informer import LOW_PRIORITY
+from k8s_http.control.workqueue import WorkQueue
 from tests.support.clock import FakeClock
 
 
