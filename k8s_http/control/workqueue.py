@@ -158,7 +158,7 @@ class _Queue:
             now = self._clock()
             added = 0
             for key in keys:
-                added += self._add_locked(key, now, wake=False, priority=priority)
+                added += self._add_locked(key, now, False, priority)   # positional: a hot loop
             if added:
                 self._m_adds.inc(added)
                 self._m_depth.set(self._depth_locked())
@@ -285,12 +285,12 @@ class _Queue:
 
     # -- internals ----------------------------------------------------------
 
-    def _add_locked(self, key: Hashable, now: float, *, wake: bool = True,
+    def _add_locked(self, key: Hashable, now: float, wake: bool = True,
                     priority: int = 0) -> bool:
         """Whether `key` was added (not already queued). `wake=False`: the caller
         counts the adds, updates the depth and wakes a getter itself."""
         if key in self._dirty:      # already queued, or queued again at done()
-            if priority >= 0 and key in self._low:
+            if priority >= 0 and self._low and key in self._low:
                 if key in self._processing:
                     del self._low[key]          # done() lines it up in _queue
                 else:
@@ -311,7 +311,7 @@ class _Queue:
         if key in self._priority:
             self._low.pop(key, None)
             self._first.append(key)
-        elif key in self._low:
+        elif self._low and key in self._low:
             self._low_line.append((self._low[key], key))
             self._low_queued += 1
         else:
