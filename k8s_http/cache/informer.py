@@ -7,10 +7,12 @@ deduplicates them. Handlers never see event types: reconciles are level-based.
 
 Priority (controller-runtime's priority queue, on by default since v0.23): the
 keys of a list's objects the cache already held at the same resourceVersion,
-and of every object of a watcher's first list (at start, after reselect()), go
-to the queues at LOW_PRIORITY, behind every key of a watch event and of a
-changed or vanished object. A user's new `My` is then not served after tens of
-thousands of no-op reconciles of a start-up, a relist or a sharding takeover.
+and of the objects out of its view (all of the first list at start; after
+reselect(), those the previous selection's `keep` filter did not cover, all of
+them without one) go to the queues at LOW_PRIORITY, behind every key of a watch
+event and of a changed, new or vanished object. A user's new `My` is then not
+served after tens of thousands of no-op reconciles of a start-up, a relist or
+a sharding takeover.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ log = logging.getLogger(__name__)
 # controller-runtime's handler.LowPriority: the priority listed keys are handed
 # to a queue's add_many(keys, priority=) with (WorkQueue: served after all others).
 LOW_PRIORITY = -100
+
+_KEY_FIELDS = (("metadata", "namespace"), ("metadata", "name"))
+
+
+def _everything(obj: dict) -> bool:
+    return True
 
 Mapper = Callable[[dict], Iterable[ObjectKey]]
 
@@ -163,8 +171,10 @@ class Informer:
         self._keep: Callable[[dict], bool] | None = None
         self._generation = 0
         # The scopes (namespaces, None for all) whose watcher of this generation has
-        # delivered a list: a first list's keys all go low (see the module doc).
+        # delivered a list; what the cache had a view of at a first list: None for
+        # nothing (start-up), else the previous selection's keep (see _on_sync).
         self._listed: set[str | None] = set()
+        self._covered: Callable[[dict], bool] | None = None
         self._deliver_lock = threading.RLock()
         self._dropped = 0       # objects the client-side filter dropped
         # The stop event of the current watchers (reselect replaces it); `_stop` is the informer's.
@@ -203,6 +213,8 @@ class Informer:
         """
         with self._deliver_lock:
             self._generation += 1
+            listed = not self._nothing and self._listed >= set(self._scopes)
+            self._covered = self._keep if listed else None
             self._listed = set()
             self._keep = keep
             self._nothing = nothing
@@ -302,17 +314,26 @@ class Informer:
         # nothing goes back to the watcher. The watchers fill a StoreList of the
         # store's as a list arrives, so a long list is never held as dicts.
         listing = self._filtered(items)
-        first = namespace not in self._listed
+        # What the cache had a view of: all of it at a relist; at a first list,
+        # nothing at start-up, and after reselect() what the previous selection's
+        # filter covered (an object it covered but the cache lacks was created while
+        # the watches restarted: a user's new `My` in a slot this replica keeps).
+        covered = self._covered if namespace not in self._listed else _everything
         self._listed.add(namespace)
-        unchanged: set[ObjectKey] | None = None if first else set()
+        unchanged: set[ObjectKey] | None = None if covered is None else set()
         vanished = self.store.replace(listing, namespace=namespace, unchanged=unchanged)
         self._cache_objects.set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates. The listed objects
         # are built one at a time: all of them at once would be the whole list
         # as dicts again, the peak the packed store exists to avoid.
-        # Low: what the cache held as it is, and all of a first list (no view of it).
-        low, changed = (listing, self.store.new_list()) if first else listing.split(unchanged)
+        # Low: what the cache held as it is, and what was out of its view.
+        if covered is None:
+            low, changed = listing, self.store.new_list()
+        else:
+            low, changed = listing.split(
+                lambda obj: key_of(obj) in unchanged or not covered(obj),
+                fields=_KEY_FIELDS if covered is _everything else None)
         self._enqueue(itertools.chain(changed.objects(fields=self._mapped_fields), vanished))
         self._enqueue(low.objects(fields=self._mapped_fields), priority=LOW_PRIORITY)
 

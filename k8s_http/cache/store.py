@@ -25,7 +25,7 @@ observes a key, which is why this lives here and not in a controller.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 from ..core.objects import ObjectKey, controller_of, key_of, strip_managed_fields
@@ -174,13 +174,15 @@ class StoreList:
         for stored in self._stored:
             yield part(stored, fields)
 
-    def split(self, keys: Container[ObjectKey]) -> tuple[StoreList, StoreList]:
-        """(the objects whose key is in `keys`, the others), each in the order appended."""
-        inside, outside = StoreList(self._store), StoreList(self._store)
-        key_of_stored = self._store._stored_key
+    def split(self, test: Callable[[dict], bool], *, fields: Fields | None = None
+              ) -> tuple[StoreList, StoreList]:
+        """(the objects `test` is true of, the others), each in the order appended;
+        each object is built (with `fields` alone: see `objects`) to be tested."""
+        yes, no = StoreList(self._store), StoreList(self._store)
+        part = self._store._part
         for stored in self._stored:
-            (inside if key_of_stored(stored) in keys else outside)._stored.append(stored)
-        return inside, outside
+            (yes if test(part(stored, fields)) else no)._stored.append(stored)
+        return yes, no
 
 
 class Store:

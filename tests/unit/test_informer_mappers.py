@@ -359,11 +359,27 @@ def test_each_namespace_watchers_first_list_is_low_and_reselect_starts_over():
     assert _taken(q) == ["a2", "a1", "b1"]
     inf._on_sync("a", [_named("a1", ns="a", rv="2"), _named("a2", ns="a")])
     assert _taken(q) == ["a1", "a2"]                     # a relist: changed first
-    # A new selection (sharding): the cache had no view of it, so all its first list
-    # is low, the changed object too; a later relist compares again.
+    # A new selection after one without a `keep` filter: the cache had no view of it,
+    # so all its first list is low, the changed object too; a later relist compares again.
     inf.reselect(keep=None)
     inf._on_sync("a", [_named("a1", ns="a", rv="3"), _named("a3", ns="a")])
     inf._on_event("ADDED", _named("a4", ns="a"))
     assert _taken(q) == ["a2", "a4", "a1", "a3"]         # a2 vanished: normal
     inf._on_sync("a", [_named("a1", ns="a", rv="4"), _named("a3", ns="a")])
     assert _taken(q) == ["a1", "a4", "a3"]               # a4 vanished
+
+
+def test_a_new_shares_list_judges_what_the_old_share_covered_as_a_relist_does():
+    from k8s_http.control.workqueue import WorkQueue
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    q = WorkQueue("q")
+    inf.add_handler(own_key, q)
+    inf.reselect(keep=lambda o: o["metadata"]["name"].startswith("a"))
+    inf._on_sync("ns", [_named("a1"), _named("a2"), _named("b0")])   # b0 filtered out
+    assert _taken(q) == ["a1", "a2"]
+    inf.reselect(keep=lambda o: True)                                  # the share grows
+    inf._on_sync("ns", [_named("a1"), _named("a2", rv="2"), _named("a3"), _named("b1")])
+    inf._on_event("ADDED", _named("c"))
+    # a2 changed and a3 was created while the watches restarted, in the old share: as
+    # a relist's; b1 is of the new part, a1 unchanged: low.
+    assert _taken(q) == ["a2", "a3", "c", "a1", "b1"]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http.core.objects import ObjectKey
+from k8s_http.core.objects import ObjectKey, key_of
 from k8s_http.cache.store import Store, index_owner_uid
 
 OWNER_INDEX = {"owner_uid": index_owner_uid}
@@ -180,7 +180,8 @@ def test_replace_tells_which_listed_objects_it_held_at_the_same_version():
                   namespace=namespace, unchanged=unchanged)
         assert unchanged == {ObjectKey("default", "same")}, namespace
         listing = s.new_list([obj("same"), obj("moved"), obj("new")])
-        inside, outside = listing.split(unchanged)
+        inside, outside = listing.split(lambda o: key_of(o) in unchanged,
+                                        fields=(("metadata", "namespace"), ("metadata", "name")))
         assert names(inside) == ["same"] and names(outside) == ["moved", "new"]
 
 
