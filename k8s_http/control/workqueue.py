@@ -101,11 +101,13 @@ class _Queue:
         #   _low: key -> seq, for the keys in _dirty whose every add since they
         #     were dirtied was low (priority < 0); lining one up with a _priority
         #     drops it from _low. Such a key, when not processing, is queued in
-        #     _low_line as the entry (seq, key);
-        #     an entry is live iff _low.get(key) == seq. An add at priority >= 0
-        #     raises the key in O(1): it leaves _low (its entry goes stale, skipped
-        #     when reached) and joins _queue. _low_line's head is live or the line is
-        #     empty; _low_queued counts its live entries (depth without a scan).
+        #     _low_line as the entry (seq, key); an entry is live iff
+        #     _low.get(key) == seq. An add at priority >= 0 raises the key in O(1):
+        #     it leaves _low (its entry goes stale, skipped when reached) and joins
+        #     _queue. _low_line's head is live or the line is empty; only a raise
+        #     makes a stale entry, and it compacts the line once they outnumber the
+        #     live ones by _LOW_LINE_SLACK; _low_queued counts the live ones (the
+        #     depth without a scan).
         self._first: deque[Hashable] = deque()
         self._priority: dict[Hashable, int] = {}
         self._low: dict[Hashable, int] = {}
