@@ -29,6 +29,11 @@ controller.py itself, both statuses written) size by size, and at each size:
             --settle-seconds untouched and --idle-seconds measured: idle CPU and the
             settled RSS; writes over the whole run from the audit log (0 expected);
             peak RSS (VmHWM).
+  new My    with --new-my N, as ours (or a peer) turns ready, the bench creates N
+            new `My` and times each create -> converged (its first status of its
+            generation, seen by the bench's own watch): what a user who creates a
+            `My` while the operator restarts waits for. Their writes count in the
+            run's; they are deleted once the operator has stopped.
   pairs     at the largest size, --ready-pairs more back-to-back pairs of the bare
             client and ours started and stopped once ready, who goes first
             alternating: the ready goal is judged on the median ratio (one pair
@@ -44,6 +49,7 @@ the sizes it measured) and bench/RESULTS.scale.md; earlier runs are in git's his
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import time
@@ -51,13 +57,16 @@ from pathlib import Path
 
 from bench import converge, harness  # converge: its operator factory and peer build
 from bench.convergence import footprint
-from bench.convergence.cluster import BenchCluster
+from bench.convergence.cluster import MY, BenchCluster
+from bench.convergence.observer import Observer
 from bench.convergence.operators import (OperatorProcess, OurOperator, KopfOperator,
                                          precompile, python_env)
+from bench.convergence.scenarios import my_object, status_current
 from bench.scaling import analysis, report
 from bench.scaling import bare as bare_client
 from bench.scaling.fleet import Fleet, FleetMismatch
 from bench.scaling.plane import APISERVER_ARGS, plane_settings
+from k8s_http.core.errors import NotFoundError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -72,6 +81,7 @@ NAMESPACE = "scale-fleet"
 KOPF_NAMESPACE = "scale-kopf"
 RESULTS = HERE / "results"
 MARKDOWN = HERE / "RESULTS.scale.md"
+NEW_LABEL = "bench.mine.jp/new-at-ready"      # the --new-my objects
 
 log = harness.logger("scale")
 
@@ -106,14 +116,20 @@ def wait_reconciled(op: OperatorProcess, size: int, timeout: float,
 def run_operator(bench: converge.Bench, cluster: BenchCluster, key: str, size: int,
                  args) -> dict:
     """A fresh process over the fleet at `size`: ready, all reconciled, idle, writes, RSS."""
-    op = bench.make_operator(key, KOPF_NAMESPACE if key == "kopf" else NAMESPACE)
+    namespace = KOPF_NAMESPACE if key == "kopf" else NAMESPACE
+    op = bench.make_operator(key, namespace)
     timeout = args.timeout_seconds + size * args.timeout_per_my
+    new = [f"new-at-ready-{int(time.time())}-{i}" for i in range(args.new_my)]
+    observer = Observer(cluster.client, namespace, kinds=("my",),
+                        label_selector=f"{NEW_LABEL}=true").start() if new else None
     mark = cluster.counter.mark()
     plane_cpu0 = cluster.control_plane_cpu()
     op.start(f"scale-{size}")
     out: dict = {"label": op.label}
     try:
         out["ready_seconds"], out["ready_signal"] = wait_ready(op, timeout)
+        if new:
+            out["new_my_seconds"] = new_at_ready(cluster, observer, namespace, new, timeout)
         out["all_reconciled_seconds"], out["reconciles"] = wait_reconciled(
             op, size, timeout, args.poll_seconds)
         out["reconciled_signal"] = ("kopf log lines 'is processed'" if isinstance(op, KopfOperator)
@@ -135,6 +151,11 @@ def run_operator(bench: converge.Bench, cluster: BenchCluster, key: str, size: i
         out["error"] = str(err)
     finally:
         out["exit_code"] = op.stop()
+        if observer is not None:
+            observer.stop()
+            for name in new:
+                with contextlib.suppress(NotFoundError):
+                    cluster.client.delete(MY, name, namespace=namespace)
         counts = cluster.counter.since(mark)
         out["writes"] = counts.writes
         out["writes_by_kind"] = dict(sorted(counts.by_kind.items()))
@@ -143,6 +164,23 @@ def run_operator(bench: converge.Bench, cluster: BenchCluster, key: str, size: i
         out["control_plane_cpu_seconds"] = cluster.control_plane_cpu() - plane_cpu0
         out["log"] = str(op.log_path)
     return out
+
+
+def new_at_ready(cluster: BenchCluster, observer: Observer, namespace: str, names: list[str],
+                 timeout: float) -> list[float | None]:
+    """Create `names` now; each one's seconds from its create to its first status of
+    its generation (None: not within `timeout`)."""
+    tracker = observer.track([("my", name) for name in names],
+                             lambda kind, obj: status_current(obj))
+    sent = {}
+    for name in names:
+        body = my_object(name, "new", replicas=1)
+        body["metadata"]["labels"] = {NEW_LABEL: "true"}
+        sent[name] = time.monotonic()
+        cluster.client.create(MY, body, namespace=namespace)
+    tracker.wait(timeout)
+    return [round(tracker.seen[("my", name)] - sent[name], 3) if ("my", name) in tracker.seen
+            else None for name in names]
 
 
 def run_bare(cluster: BenchCluster, size: int, mode: str, namespace: str = NAMESPACE) -> dict:
@@ -253,6 +291,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ready-pairs", type=int, default=4, metavar="N",
                    help="at the largest size, N more back-to-back pairs of the bare client and "
                         f"{HEADLINE} to ready; the ready goal takes the median ratio "
+                        "(default %(default)s)")
+    p.add_argument("--new-my", type=int, default=0, metavar="N",
+                   help="N new My created as each operator turns ready: create -> converged "
                         "(default %(default)s)")
     p.add_argument("--settle-seconds", type=float, default=10.0)
     p.add_argument("--idle-seconds", type=float, default=30.0)

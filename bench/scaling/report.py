@@ -27,7 +27,9 @@ def one_line(run: dict) -> str:
             f"CPU {_num(run.get('cpu_seconds'), '.2f')} s, "
             f"peak {_num(run.get('peak_rss_mib'), '.1f')} MiB, "
             f"settled {_num(run.get('settled_rss_mib'), '.1f')} MiB, "
-            f"idle {_num(run.get('idle_cpu_percent'), '.2f')} %, writes {run.get('writes')}")
+            f"idle {_num(run.get('idle_cpu_percent'), '.2f')} %, writes {run.get('writes')}"
+            + (f", new My at ready -> converged {run['new_my_seconds']} s"
+               if "new_my_seconds" in run else ""))
 
 
 def goal_text(goal: dict) -> str:

@@ -4,6 +4,15 @@ One Watcher thread per namespace (or one for all namespaces), all writing to a
 shared Store. Handlers are (mapper, queue) pairs: a mapper turns an object into
 the keys to reconcile (its own key, or its controlling owner's), and the queue
 deduplicates them. Handlers never see event types: reconciles are level-based.
+
+Priority (controller-runtime's priority queue, on by default since v0.23): the
+keys of a list's objects the cache already held at the same resourceVersion,
+and of the objects out of its view (all of the first list at start; after
+reselect(), those the previous selection's `keep` filter did not cover, all of
+them without one) go to the queues at LOW_PRIORITY, behind every key of a watch
+event and of a changed, new or vanished object. A user's new `My` is then not
+served after tens of thousands of no-op reconciles of a start-up, a relist or
+a sharding takeover.
 """
 
 from __future__ import annotations
@@ -23,9 +32,19 @@ from .store import Fields, StoreList, Store
 from .watcher import Watcher
 from .watchstep import STALLS_UNHEALTHY
 
-__all__ = ["Informer", "Mapper", "KeyMapper", "own_key", "owner_key"]
+__all__ = ["Informer", "Mapper", "KeyMapper", "LOW_PRIORITY", "own_key", "owner_key"]
 
 log = logging.getLogger(__name__)
+
+# controller-runtime's handler.LowPriority: the priority listed keys are handed
+# to a queue's add_many(keys, priority=) with (WorkQueue: served after all others).
+LOW_PRIORITY = -100
+
+_KEY_FIELDS = (("metadata", "namespace"), ("metadata", "name"))
+
+
+def _everything(obj: dict) -> bool:
+    return True
 
 Mapper = Callable[[dict], Iterable[ObjectKey]]
 
@@ -151,6 +170,11 @@ class Informer:
         # deliveries count: a replaced watcher's late ones are dropped.
         self._keep: Callable[[dict], bool] | None = None
         self._generation = 0
+        # The scopes (namespaces, None for all) whose watcher of this generation has
+        # delivered a list; what the cache had a view of at a first list: None for
+        # nothing (start-up), else the previous selection's keep (see _on_sync).
+        self._listed: set[str | None] = set()
+        self._covered: Callable[[dict], bool] | None = None
         self._deliver_lock = threading.RLock()
         self._dropped = 0       # objects the client-side filter dropped
         # The stop event of the current watchers (reselect replaces it); `_stop` is the informer's.
@@ -189,6 +213,9 @@ class Informer:
         """
         with self._deliver_lock:
             self._generation += 1
+            listed = not self._nothing and self._listed >= set(self._scopes)
+            self._covered = self._keep if listed else None
+            self._listed = set()
             self._keep = keep
             self._nothing = nothing
         with self._lock:
@@ -243,7 +270,8 @@ class Informer:
         """Add mapper(obj) to queue on every add, update and delete (vanished objects included).
 
         Add handlers before start(): the initial list is delivered to the handlers
-        present at that time.
+        present at that time. The queue needs add(key); with add_many(keys, *,
+        priority=0) as well (WorkQueue), a list's keys go in one call per priority.
         """
         self._handlers.append((mapper, queue))
         # When every mapper says what it reads (own_key, owner_key are KeyMappers),
@@ -286,13 +314,28 @@ class Informer:
         # nothing goes back to the watcher. The watchers fill a StoreList of the
         # store's as a list arrives, so a long list is never held as dicts.
         listing = self._filtered(items)
-        vanished = self.store.replace(listing, namespace=namespace)
+        # What the cache had a view of: all of it at a relist; at a first list,
+        # nothing at start-up, and after reselect() what the previous selection's
+        # filter covered (an object it covered but the cache lacks was created while
+        # the watches restarted: a user's new `My` in a slot this replica keeps).
+        covered = self._covered if namespace not in self._listed else _everything
+        self._listed.add(namespace)
+        unchanged: set[ObjectKey] | None = None if covered is None else set()
+        vanished = self.store.replace(listing, namespace=namespace, unchanged=unchanged)
         self._cache_objects.set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates. The listed objects
         # are built one at a time: all of them at once would be the whole list
         # as dicts again, the peak the packed store exists to avoid.
-        self._enqueue(itertools.chain(listing.objects(fields=self._mapped_fields), vanished))
+        # Low: what the cache held as it is, and what was out of its view.
+        if covered is None:
+            low, changed = listing, self.store.new_list()
+        else:
+            low, changed = listing.split(
+                lambda obj: key_of(obj) in unchanged or not covered(obj),
+                fields=_KEY_FIELDS if covered is _everything else None)
+        self._enqueue(itertools.chain(changed.objects(fields=self._mapped_fields), vanished))
+        self._enqueue(low.objects(fields=self._mapped_fields), priority=LOW_PRIORITY)
 
     def _on_event(self, type_: str, obj: dict) -> None:
         if self._keep is not None and not self._keep(obj):
@@ -318,11 +361,12 @@ class Informer:
                       skip=skip)
 
     def _enqueue(self, objs: Iterable[dict], *,
-                 skip: tuple[object, ObjectKey] | None = None) -> None:
+                 skip: tuple[object, ObjectKey] | None = None, priority: int = 0) -> None:
         """The keys the mappers find in `objs` to every handler's queue, each key
         once per queue; a queue with `add_many` (WorkQueue) takes them in one
         call: a relist's tens of thousands of keys cost one lock and one wake-up
-        per queue instead of one each. `skip`: (queue, key) not to add."""
+        per queue instead of one each. `skip`: (queue, key) not to add.
+        `priority` (not 0) goes to add_many(); a queue with add() alone gets plain adds."""
         found: list[list[ObjectKey]] = [[] for _ in self._handlers]
         for obj in objs:
             for (mapper, _), keys in zip(self._handlers, found):
@@ -332,11 +376,11 @@ class Informer:
             if skip is not None and skip[0] is queue:
                 keys.pop(skip[1], None)
             add_many = getattr(queue, "add_many", None)
-            if add_many is not None:
-                add_many(keys)
-            else:
+            if add_many is None:
                 for key in keys:
                     queue.add(key)
+            elif keys:
+                add_many(keys, priority=priority) if priority else add_many(keys)
 
     @staticmethod
     def _keys(mapper: Mapper, obj: dict) -> list[ObjectKey]:

@@ -174,6 +174,16 @@ class StoreList:
         for stored in self._stored:
             yield part(stored, fields)
 
+    def split(self, test: Callable[[dict], bool], *, fields: Fields | None = None
+              ) -> tuple[StoreList, StoreList]:
+        """(the objects `test` is true of, the others), each in the order appended;
+        each object is built (with `fields` alone: see `objects`) to be tested."""
+        yes, no = StoreList(self._store), StoreList(self._store)
+        part = self._store._part
+        for stored in self._stored:
+            (yes if test(part(stored, fields)) else no)._stored.append(stored)
+        return yes, no
+
 
 class Store:
     """Thread-safe object cache keyed by ObjectKey, with indexes kept on every write.
@@ -439,8 +449,8 @@ class Store:
             self._observe_locked(key, None)
         return None if old is None else self._restore(old)
 
-    def replace(self, objects: Iterable | StoreList, *, namespace: str | None = None
-                ) -> list[dict]:
+    def replace(self, objects: Iterable | StoreList, *, namespace: str | None = None,
+                unchanged: set[ObjectKey] | None = None) -> list[dict]:
         """Atomically make the store hold exactly `objects`; returns the objects that vanished.
 
         The vanished objects are deleted here, for good: they are returned only
@@ -453,6 +463,8 @@ class Store:
         Readers see either the old contents or the new, never a mixture.
         `objects`: dicts, or a StoreList of this store's (an informer's watcher
         fills one as a list arrives, so a long list is never held as dicts).
+        `unchanged`: given a set, the keys of the objects the store held at the
+        same resourceVersion are added to it (an informer queues them low).
         """
         if not (isinstance(objects, StoreList) and objects._store is self):
             objects = self.new_list(objects)
@@ -465,6 +477,11 @@ class Store:
         with self._lock:
             # Replaced: everything in scope, plus any key the new list holds.
             objects = self._objects
+            if unchanged is not None:
+                rv = self._stored_rv
+                unchanged.update(key for key, stored in incoming.items()
+                                 if (old := objects.get(key)) is not None
+                                 and rv(old) == rv(stored) is not None)
             if namespace is None:
                 vanished = [s for k, s in objects.items() if k not in incoming]
                 self._objects = objects = _ByNamespace()

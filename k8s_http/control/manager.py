@@ -51,7 +51,7 @@ from ..ops.metrics import Metrics
 from ..ops.probes import HealthChecks, ProbeServer
 from ..wire.client import ApiClient
 from ..wire.transport import user_agent
-from ..cache.informer import Informer, own_key, owner_key
+from ..cache.informer import LOW_PRIORITY, Informer, own_key, owner_key
 from ..cache.store import Store
 from .deletionwatch import DeletionWatches
 from .events import EventRecorder
@@ -592,10 +592,10 @@ class Manager:
                 log.exception("supervisor round failed")
 
     def resync(self) -> None:
-        """Re-enqueue every primary object (level-based: converged objects cost no writes)."""
+        """Re-enqueue every primary object (level-based: converged objects cost no writes),
+        low: behind the keys of watch events, as controller-runtime queues a resync."""
         for controller in self._controllers:
-            for key in controller.primary.store.keys():
-                controller.queue.add(key)
+            controller.queue.add_many(controller.primary.store.keys(), priority=LOW_PRIORITY)
 
     def stop(self) -> int:
         """Graceful stop; idempotent and safe from any thread. Returns the exit code."""

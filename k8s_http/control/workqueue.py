@@ -6,8 +6,11 @@ lock and one condition variable, and no timer thread is needed:
 
 - `_Queue`: deduplication and the processing set. A key is queued at most
   once however often it is added, and never handed to two workers at once.
-  Keys given a priority (`add_after(..., priority=1)`) wait in a second line
-  that `get()` serves first.
+  Keys given a priority (`add_after(..., priority=1)`) wait in a line that
+  `get()` serves first; keys added at a negative priority (the informer's
+  LOW_PRIORITY: a list's unchanged objects, a resync) in a line it serves
+  last, and any add at priority >= 0 of a key waiting there moves it up
+  (controller-runtime's priority queue).
 - `_DelayingQueue`: `add_after()`. Delayed keys wait in a heap; `get()` moves
   the due ones into the queue, checking against the injected clock, and sleeps
   on the condition at most until the next one is due. A delayed add with a
@@ -22,7 +25,9 @@ real waits (`get(timeout_seconds=)`, `shutdown(timeout_seconds=)`) are
 measured on the real monotonic clock, so a fake clock cannot make them hang.
 
 Metrics (controller-runtime v0.24's names, labels ``(name, name)``, and
-``priority="0"`` on depth): depth, adds, retries, queue and work duration are
+``priority="0"`` on depth, which counts the keys of every line: controller-runtime
+would split the low ones into ``priority="-100"``, and one series keeps the
+alerts' and dashboards' queries whole): depth, adds, retries, queue and work duration are
 updated as things happen. `workqueue_retries_total` counts what client-go's
 delaying queue counts: every `add_after()` (a `requeue_after` result included)
 and every `add_rate_limited()` made before shutdown. The two "work in
@@ -51,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 # Real time, for bounding real waits; never used for scheduling or metrics.
 _real_monotonic = time.monotonic
+
+# The low line is compacted once its stale entries outnumber its live ones by this.
+_LOW_LINE_SLACK = 64
 
 
 class ShutDownError(Exception):
@@ -84,13 +92,28 @@ class _Queue:
         #   _added_at: key in _dirty -> clock() of the add that dirtied it.
         #   _started_at: key in _processing -> clock() of the get() that handed it out.
         #   _queued_for: key in _processing -> seconds it waited in the queue.
-        #   Two lines, _first (keys with a priority) and _queue; a queued key is
-        #   in exactly one. _priority: key -> priority (> 0) promised by
-        #   add_after(); until the key is next handed out, any add of it -- the
-        #   delayed one or an event's -- lines it up in _first (controller-runtime's
-        #   priority queue: the highest priority and the earliest time win).
+        #   Three lines, served in order: _first (keys with a priority), _queue,
+        #   _low_line; a queued key is in exactly one. _priority: key -> priority
+        #   (> 0) promised by add_after(); until the key is next handed out, any add
+        #   of it -- the delayed one or an event's -- lines it up in _first
+        #   (controller-runtime's priority queue: the highest priority and the
+        #   earliest time win).
+        #   _low: key -> seq, for the keys in _dirty whose every add since they
+        #     were dirtied was low (priority < 0); lining one up with a _priority
+        #     drops it from _low. Such a key, when not processing, is queued in
+        #     _low_line as the entry (seq, key); an entry is live iff
+        #     _low.get(key) == seq. An add at priority >= 0 raises the key in O(1):
+        #     it leaves _low (its entry goes stale, skipped when reached) and joins
+        #     _queue. _low_line's head is live or the line is empty; only a raise
+        #     makes a stale entry, and it compacts the line once they outnumber the
+        #     live ones by _LOW_LINE_SLACK; _low_queued counts the live ones (the
+        #     depth without a scan).
         self._first: deque[Hashable] = deque()
         self._priority: dict[Hashable, int] = {}
+        self._low: dict[Hashable, int] = {}
+        self._low_line: deque[tuple[int, Hashable]] = deque()
+        self._low_queued = 0
+        self._low_seq = itertools.count()
         self._queued_for: dict[Hashable, float] = {}
         self._queue: deque[Hashable] = deque()
         self._dirty: set[Hashable] = set()
@@ -116,13 +139,18 @@ class _Queue:
 
     # -- public -------------------------------------------------------------
 
-    def add(self, key: Hashable) -> None:
-        """Queue `key` unless it is already queued. Ignored after shutdown()."""
+    def add(self, key: Hashable, *, priority: int = 0) -> None:
+        """Queue `key` unless it is already queued. Ignored after shutdown().
+
+        `priority` < 0 (low: the informer's LOW_PRIORITY): behind every key
+        added at priority >= 0, FIFO among the low ones. Adding a queued low key at priority >= 0 moves
+        it to the back of the ordinary line; adding a queued key low changes nothing.
+        """
         with self._lock:
             if not self._shutting_down:
-                self._add_locked(key, self._clock())
+                self._add_locked(key, self._clock(), priority=priority)
 
-    def add_many(self, keys: Iterable[Hashable]) -> None:
+    def add_many(self, keys: Iterable[Hashable], *, priority: int = 0) -> None:
         """add() each of `keys`, holding the lock once: a relist queues thousands of
         keys at once, and a lock, a depth update and a wake-up per key were most of
         their cost. Getters are woken once, all of them."""
@@ -132,7 +160,7 @@ class _Queue:
             now = self._clock()
             added = 0
             for key in keys:
-                added += self._add_locked(key, now, wake=False)
+                added += self._add_locked(key, now, False, priority)   # positional: a hot loop
             if added:
                 self._m_adds.inc(added)
                 self._m_depth.set(self._depth_locked())
@@ -151,7 +179,7 @@ class _Queue:
             while True:
                 now = self._clock()
                 self._promote_due_locked(now)
-                if self._first or self._queue:
+                if self._first or self._queue or self._low_line:
                     break
                 if self._shutting_down:
                     return None, True
@@ -163,7 +191,15 @@ class _Queue:
                     wait = remaining if wait is None else min(wait, remaining)
                 self._ready.wait(wait)
 
-            key = self._first.popleft() if self._first else self._queue.popleft()
+            if self._first:
+                key = self._first.popleft()
+            elif self._queue:
+                key = self._queue.popleft()
+            else:
+                key = self._low_line.popleft()[1]       # the head is live
+                del self._low[key]
+                self._low_queued -= 1
+                self._drop_stale_low_locked()
             self._priority.pop(key, None)
             self._handed_out_locked(key)
             self._m_depth.set(self._depth_locked())
@@ -177,7 +213,7 @@ class _Queue:
             # the clock for it: wake one more getter to look. (Promotion and
             # add_after() notify too; this keeps the "someone watches the
             # heap" invariant whatever order notify() picks waiters in.)
-            if self._first or self._queue or self._has_delayed_locked():
+            if self._first or self._queue or self._low_line or self._has_delayed_locked():
                 self._ready.notify()
             return key, False
 
@@ -251,13 +287,22 @@ class _Queue:
 
     # -- internals ----------------------------------------------------------
 
-    def _add_locked(self, key: Hashable, now: float, *, wake: bool = True) -> bool:
+    def _add_locked(self, key: Hashable, now: float, wake: bool = True,
+                    priority: int = 0) -> bool:
         """Whether `key` was added (not already queued). `wake=False`: the caller
         counts the adds, updates the depth and wakes a getter itself."""
-        if key in self._dirty:
-            return False        # already queued, or queued again at done()
+        if key in self._dirty:      # already queued, or queued again at done()
+            if priority >= 0 and self._low and key in self._low:
+                if key in self._processing:
+                    del self._low[key]          # done() lines it up in _queue
+                else:
+                    self._unlow_locked(key)
+                    self._line_up_locked(key, wake=wake)
+            return False
         self._dirty.add(key)
         self._added_at[key] = now
+        if priority < 0:
+            self._low[key] = next(self._low_seq)
         if wake:
             self._m_adds.inc()
         if key not in self._processing:     # else done() queues it: never two workers on one key
@@ -265,7 +310,14 @@ class _Queue:
         return True
 
     def _line_up_locked(self, key: Hashable, *, wake: bool = True) -> None:
-        (self._first if key in self._priority else self._queue).append(key)
+        if key in self._priority:
+            self._low.pop(key, None)
+            self._first.append(key)
+        elif self._low and key in self._low:
+            self._low_line.append((self._low[key], key))
+            self._low_queued += 1
+        else:
+            self._queue.append(key)
         if wake:
             self._m_depth.set(self._depth_locked())
             self._ready.notify()
@@ -276,11 +328,28 @@ class _Queue:
             return
         self._priority[key] = max(priority, self._priority.get(key, 0))
         if key in self._dirty and key not in self._processing and key not in self._first:
-            self._queue.remove(key)          # O(depth), only when a queued key gains priority
+            if key in self._low:
+                self._unlow_locked(key)
+            else:
+                self._queue.remove(key)      # O(depth), only when a queued key gains priority
             self._first.append(key)
 
+    def _unlow_locked(self, key: Hashable) -> None:
+        """Take queued `key` out of the low line: its entry goes stale."""
+        del self._low[key]
+        self._low_queued -= 1
+        self._drop_stale_low_locked()
+        line = self._low_line
+        if len(line) > 2 * self._low_queued + _LOW_LINE_SLACK:     # amortised O(1)
+            self._low_line = deque(e for e in line if self._low.get(e[1]) == e[0])
+
+    def _drop_stale_low_locked(self) -> None:
+        line, low = self._low_line, self._low
+        while line and low.get(line[0][1]) != line[0][0]:
+            line.popleft()
+
     def _depth_locked(self) -> int:
-        return len(self._first) + len(self._queue)
+        return len(self._first) + len(self._queue) + self._low_queued
 
     # Hooks for the delaying layer: this layer has no delayed keys.
     def _handed_out_locked(self, key: Hashable) -> None:

@@ -473,3 +473,43 @@ def test_sync_listeners_hear_once_every_watcher_has_listed_and_delivered():
         finally:
             informer.stop()
             client.transport.close()
+
+
+def test_listed_keys_wait_behind_the_watch_at_start_up_and_after_a_relist():
+    from k8s_http.control.workqueue import WorkQueue
+
+    with FakeApiServer() as server:
+        for i in range(5):
+            server.create_object(PATH, deployment(f"d{i}"))
+        client = ApiClient.from_config(ClusterConfig(server=server.url))
+        informer = Informer(client, DEPLOYMENTS, namespaces=[NS],
+                            metrics=Metrics(CollectorRegistry()), backoff_factory=fast_backoff,
+                            streaming_list=False)
+        queue = WorkQueue("q")
+        informer.add_handler(own_key, queue)
+        informer.start()
+
+        def taken():
+            keys = []
+            while (key := queue.get(0)[0]) is not None:
+                keys.append(key.name)
+                queue.done(key)
+            return keys
+
+        try:
+            synced(informer)
+            eventually(lambda: server.active_watches == 1)
+            server.create_object(PATH, deployment("new"))       # created right after start
+            eventually(lambda: len(queue) == 6)
+            assert taken() == ["new", "d0", "d1", "d2", "d3", "d4"]
+            # A relist after 410 finds everything as the cache holds it: all low.
+            server.inject_watch_event({"type": "ERROR", "object": status_body(410, "Expired")})
+            eventually(lambda: len(lists(server)) == 2 and len(queue) == 6)
+            eventually(lambda: server.active_watches == 1)
+            server.create_object(PATH, deployment("newer"))
+            eventually(lambda: len(queue) == 7)
+            assert taken() == ["newer", "d0", "d1", "d2", "d3", "d4", "new"]
+        finally:
+            queue.shutdown(drain=False)
+            informer.stop()
+            client.transport.close()

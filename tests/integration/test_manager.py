@@ -141,6 +141,36 @@ def test_resync_re_enqueues_every_primary_key(server):
         mgr.stop()
 
 
+def test_a_resync_waits_behind_the_keys_of_watch_events(server):
+    for name in ("x", "y"):
+        server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": name}, "data": {}})
+    order, busy, release = [], threading.Event(), threading.Event()
+    mgr = _manager(server)
+
+    def reconcile(key):
+        order.append(key.name)
+        if key.name == "busy" and not release.is_set():
+            busy.set()
+            release.wait(10)
+
+    mgr.add_controller(CONFIGMAPS, reconcile, workers=1)
+    mgr.start()
+    try:
+        eventually(lambda: sorted(order) == ["x", "y"])
+        server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "busy"}, "data": {}})
+        assert busy.wait(10)                    # the one worker is held
+        mgr.resync()                            # x, y low; busy too, once it is done
+        server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "new"}, "data": {}})
+        queue = mgr._controllers[0].queue
+        eventually(lambda: len(queue) == 3)     # x, y and the new one's event
+        release.set()
+        eventually(lambda: len(order) == 7)
+        assert order[3:] == ["new", "x", "y", "busy"]
+    finally:
+        release.set()
+        mgr.stop()
+
+
 def test_a_dead_worker_thread_is_restarted_by_the_supervisor(server):
     server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "k"}, "data": {}})
     calls = []

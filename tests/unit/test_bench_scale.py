@@ -313,3 +313,10 @@ def test_the_ready_pairs_alternate_who_goes_first(monkeypatch):
     assert runs == ["bare", "ours", "ours", "bare", "bare", "ours"]
     assert [p["first"] for p in pairs] == ["bare", scale.HEADLINE, "bare"]
     assert [p["ratio"] for p in pairs] == [1.5] * 3
+
+
+def test_the_log_line_gives_the_new_my_figures_only_when_measured():
+    run = {"ready_seconds": 1.0, "writes": 3}
+    assert "new My" not in report.one_line(run)
+    assert report.one_line({**run, "new_my_seconds": [0.41, None]}).endswith(
+        ", new My at ready -> converged [0.41, None] s")

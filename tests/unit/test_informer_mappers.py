@@ -242,9 +242,9 @@ def test_a_relist_hands_a_work_queue_all_its_keys_in_one_add_many():
             self.calls.append("add")
             super().add(key)
 
-        def add_many(self, keys):
+        def add_many(self, keys, **priority):
             self.calls.append("add_many")
-            super().add_many(keys)
+            super().add_many(keys, **priority)
 
     inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
     own, owners, plain = CountingQueue(), CountingQueue(), Queue()
@@ -263,12 +263,13 @@ def test_a_relist_hands_a_work_queue_all_its_keys_in_one_add_many():
     for i, obj in enumerate(listed):
         obj["metadata"]["name"] = f"c{i}"
     inf._on_sync("ns", listed)
-    assert own.calls == ["add_many"] and owners.calls == ["add_many"]
+    # One call per priority: the vanished object's key, then the first list's, low.
+    assert own.calls == ["add_many"] * 2 and owners.calls == ["add_many"] * 2
     taken = [own.get(0)[0] for _ in range(4)]
-    assert taken == [ObjectKey("ns", f"c{i}") for i in range(3)] + [ObjectKey("ns", "old")]
+    assert taken == [ObjectKey("ns", "old")] + [ObjectKey("ns", f"c{i}") for i in range(3)]
     assert [owners.get(0)[0] for _ in range(4)] == \
-        [ObjectKey("ns", f"o{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
-    assert plain.keys == [ObjectKey("ns", f"o{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
+        [ObjectKey("ns", "gone")] + [ObjectKey("ns", f"o{i}") for i in range(3)]
+    assert plain.keys == [ObjectKey("ns", "gone")] + [ObjectKey("ns", f"o{i}") for i in range(3)]
 
 
 def test_a_relist_for_own_key_handlers_builds_only_the_keys():
@@ -292,9 +293,93 @@ def test_a_relist_for_own_key_handlers_builds_only_the_keys():
         inf._on_sync("ns", listed + ["not an object"])
     finally:
         own_key._map = real
-    expected = [ObjectKey("ns", f"c{i}") for i in range(3)] + [ObjectKey("ns", "gone")]
+    expected = [ObjectKey("ns", "gone")] + [ObjectKey("ns", f"c{i}") for i in range(3)]
     for queue in (one, two):
         assert [queue.get(0)[0] for _ in range(4)] == expected
-    # Built with the namespace and name alone (the vanished object whole).
-    assert seen[:6] == [{"metadata": {"name": f"c{i}", "namespace": "ns"}}
+    # Built with the namespace and name alone (the vanished object, mapped first, whole).
+    assert seen[2:] == [{"metadata": {"name": f"c{i}", "namespace": "ns"}}
                         for i in (0, 0, 1, 1, 2, 2)]
+
+
+# -- priority: a list's keys behind the watch's ------------------------------------------------
+
+def _named(name, rv="1", ns="ns"):
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv}, "spec": rv}
+
+
+def _taken(queue):
+    keys = []
+    while (key := queue.get(0)[0]) is not None:
+        keys.append(key.name)
+        queue.done(key)
+    return keys
+
+
+def test_a_first_list_is_queued_behind_the_events_that_follow_it():
+    from k8s_http.control.workqueue import WorkQueue
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    q = WorkQueue("q")
+    inf.add_handler(own_key, q)
+    inf._on_sync("ns", [_named(f"old{i}") for i in range(3)])     # start-up: all low
+    inf._on_event("ADDED", _named("new"))                          # a user's create
+    inf._on_event("MODIFIED", _named("old2", rv="2"))              # raises a listed key
+    assert _taken(q) == ["new", "old2", "old0", "old1"]
+
+
+def test_a_relist_queues_low_only_what_the_cache_held_unchanged():
+    from k8s_http.control.workqueue import WorkQueue
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    q = WorkQueue("q")
+    inf.add_handler(own_key, q)
+    inf._on_sync("ns", [_named("same"), _named("changed"), _named("gone")])
+    _taken(q)
+    # After a 410: "changed" moved on, "gone" was deleted, "created" is new.
+    inf._on_sync("ns", [_named("same"), _named("changed", rv="5"), _named("created")])
+    assert _taken(q) == ["changed", "created", "gone", "same"]
+
+
+def test_a_plain_queue_gets_a_relists_changed_keys_first():
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    q = Queue()
+    inf.add_handler(own_key, q)
+    inf._on_sync("ns", [_named("same"), _named("changed")])
+    q.keys.clear()
+    inf._on_sync("ns", [_named("same"), _named("changed", rv="2")])
+    assert [k.name for k in q.keys] == ["changed", "same"]
+
+
+def test_each_namespace_watchers_first_list_is_low_and_reselect_starts_over():
+    from k8s_http.control.workqueue import WorkQueue
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["a", "b"])
+    q = WorkQueue("q")
+    inf.add_handler(own_key, q)
+    inf._on_sync("a", [_named("a1", ns="a")])
+    inf._on_sync("b", [_named("b1", ns="b")])            # b's first list: low too
+    inf._on_event("ADDED", _named("a2", ns="a"))
+    assert _taken(q) == ["a2", "a1", "b1"]
+    inf._on_sync("a", [_named("a1", ns="a", rv="2"), _named("a2", ns="a")])
+    assert _taken(q) == ["a1", "a2"]                     # a relist: changed first
+    # A new selection after one without a `keep` filter: the cache had no view of it,
+    # so all its first list is low, the changed object too; a later relist compares again.
+    inf.reselect(keep=None)
+    inf._on_sync("a", [_named("a1", ns="a", rv="3"), _named("a3", ns="a")])
+    inf._on_event("ADDED", _named("a4", ns="a"))
+    assert _taken(q) == ["a2", "a4", "a1", "a3"]         # a2 vanished: normal
+    inf._on_sync("a", [_named("a1", ns="a", rv="4"), _named("a3", ns="a")])
+    assert _taken(q) == ["a1", "a4", "a3"]               # a4 vanished
+
+
+def test_a_new_shares_list_judges_what_the_old_share_covered_as_a_relist_does():
+    from k8s_http.control.workqueue import WorkQueue
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    q = WorkQueue("q")
+    inf.add_handler(own_key, q)
+    inf.reselect(keep=lambda o: o["metadata"]["name"].startswith("a"))
+    inf._on_sync("ns", [_named("a1"), _named("a2"), _named("b0")])   # b0 filtered out
+    assert _taken(q) == ["a1", "a2"]
+    inf.reselect(keep=lambda o: True)                                  # the share grows
+    inf._on_sync("ns", [_named("a1"), _named("a2", rv="2"), _named("a3"), _named("b1")])
+    inf._on_event("ADDED", _named("c"))
+    # a2 changed and a3 was created while the watches restarted, in the old share: as
+    # a relist's; b1 is of the new part, a1 unchanged: low.
+    assert _taken(q) == ["a2", "a3", "c", "a1", "b1"]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k8s_http.core.objects import ObjectKey
+from k8s_http.core.objects import ObjectKey, key_of
 from k8s_http.cache.store import Store, index_owner_uid
 
 OWNER_INDEX = {"owner_uid": index_owner_uid}
@@ -165,6 +165,24 @@ def test_replace_scoped_to_a_namespace_keeps_the_others():
     assert names(s.list()) == ["b", "c", "x"]
     assert names(s.by_index("namespace", "ns1")) == ["b", "c"]
     assert names(s.by_index("namespace", "ns2")) == ["x"]
+
+
+def test_replace_tells_which_listed_objects_it_held_at_the_same_version():
+    for namespace in (None, "default"):
+        s = Store()
+        for name in ("same", "moved", "gone"):
+            s.upsert(obj(name))
+        unversioned = obj("unversioned")
+        del unversioned["metadata"]["resourceVersion"]
+        s.upsert(unversioned)
+        unchanged = set()
+        s.replace([obj("same"), obj("moved", rv="2"), obj("new"), copy.deepcopy(unversioned)],
+                  namespace=namespace, unchanged=unchanged)
+        assert unchanged == {ObjectKey("default", "same")}, namespace
+        listing = s.new_list([obj("same"), obj("moved"), obj("new")])
+        inside, outside = listing.split(lambda o: key_of(o) in unchanged,
+                                        fields=(("metadata", "namespace"), ("metadata", "name")))
+        assert names(inside) == ["same"] and names(outside) == ["moved", "new"]
 
 
 def test_replace_with_nothing_empties_the_store():

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from k8s_http.core.backoff import ItemExponentialLimiter, MaxOfLimiter, BucketLimiter
 from k8s_http.ops.metrics import Metrics
+from k8s_http.cache.informer import LOW_PRIORITY
 from k8s_http.control.workqueue import WorkQueue
 from tests.support.clock import FakeClock
 
@@ -478,8 +479,8 @@ def test_metrics_of_a_collected_queue_read_zero(clock):
        n_ops=st.integers(200, 4000), p_delayed=st.floats(0.0, 0.5),
        p_readd=st.floats(0.0, 0.6))
 def test_property_concurrent_workers(seed, n_keys, n_ops, p_delayed, p_readd):
-    """16 workers, 4 producers, random add / add_after (with or without priority) /
-    add_rate_limited / clock moves.
+    """16 workers, 4 producers, random add (ordinary or low) / add_after (with or
+    without priority) / add_rate_limited / clock moves.
 
     - no key is ever held by two workers at once;
     - every add of a key is followed by a get() of that key that started after it;
@@ -511,7 +512,7 @@ def test_property_concurrent_workers(seed, n_keys, n_ops, p_delayed, p_readd):
         elif roll < p_delayed * 1.5:
             q.add_rate_limited(key)
         else:
-            q.add(key)
+            q.add(key, priority=rng.choice((0, LOW_PRIORITY)))
 
     def producer(index):
         rng = random.Random(seed + index)
@@ -677,3 +678,122 @@ def test_queued_seconds_is_the_wait_of_the_key_being_processed(clock):
     assert q.queued_seconds("a") == 2.5 and q.queued_seconds("b") is None
     q.done("a")
     assert q.queued_seconds("a") is None
+
+
+# -- the low line (a relist's keys) -------------------------------------------------------------
+
+def test_low_keys_wait_behind_every_key_of_priority_zero_or_more(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_many(["l1", "l2", "l3"], priority=LOW_PRIORITY)
+    q.add("a")
+    q.add_after("held", 0, priority=1)
+    q.add("l4", priority=-1)               # any negative priority is low
+    q.add("b")
+    assert drain(q) == ["held", "a", "b", "l1", "l2", "l3", "l4"]
+
+
+def test_an_ordinary_add_raises_a_low_key_and_a_low_add_lowers_nothing(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_many(["l1", "l2", "l3"], priority=LOW_PRIORITY)
+    q.add("a")
+    q.add("l2")                            # a watch event for a listed key
+    q.add("a", priority=LOW_PRIORITY)      # a relist after the event: stays where it is
+    q.add("l2", priority=LOW_PRIORITY)
+    assert len(q) == 4
+    assert drain(q) == ["a", "l2", "l1", "l3"]
+
+
+def test_a_low_key_that_gains_a_priority_goes_first(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_many(["l1", "l2"], priority=LOW_PRIORITY)
+    q.add("a")
+    q.add_after("l2", 5.0, priority=1)
+    assert drain(q) == ["l2", "a", "l1"]
+
+
+def test_a_promised_key_added_low_is_lined_up_first(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("a")
+    q.add_after("k", 5.0, priority=1)
+    q.add("k", priority=LOW_PRIORITY)      # the promise wins over the relist's low add
+    assert drain(q) == ["k", "a"]
+
+
+def test_raising_leaves_stale_entries_that_are_skipped_and_bounded(clock):
+    q = WorkQueue("q", clock=clock)
+    keys = [f"k{i}" for i in range(10_000)]
+    q.add_many(keys, priority=LOW_PRIORITY)
+    for key in keys[1:]:
+        q.add(key)                         # all but the first raised, one at a time
+        assert len(q._low_line) <= 2 * q._low_queued + 64
+    assert len(q) == 10_000
+    assert drain(q) == keys[1:] + keys[:1]
+    assert len(q._low_line) == 0 and q._low == {}
+
+
+def test_low_add_while_processing_is_queued_low_at_done(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("k")
+    assert take(q) == "k"
+    q.add("k", priority=LOW_PRIORITY)      # a relist while its reconcile runs
+    q.add("a")
+    assert take(q) == "a"                  # never "k" twice at once
+    q.done("k")
+    q.add("b")
+    assert drain(q) == ["b", "k"]
+
+
+def test_an_ordinary_add_while_processing_raises_a_low_re_add(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("k", priority=LOW_PRIORITY)
+    q.add("l", priority=LOW_PRIORITY)
+    assert take(q) == "k"
+    q.add("k", priority=LOW_PRIORITY)
+    q.add("k")                             # then an event: done() lines it up ahead of "l"
+    q.done("k")
+    assert drain(q) == ["k", "l"]
+
+
+def test_shutdown_hands_out_the_low_keys_too(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_many(["l1", "l2"], priority=LOW_PRIORITY)
+    q.add("a")
+    assert take(q) == "a"
+    q.add("a", priority=LOW_PRIORITY)      # dirty while processing
+    q.shutdown(drain=False)
+    q.add("late", priority=LOW_PRIORITY)   # ignored after shutdown
+    assert take(q) == "l1"
+    q.done("a")                            # queued again, low
+    assert [take(q), take(q)] == ["l2", "a"]
+    for key in ("l1", "l2", "a"):
+        q.done(key)
+    assert q.get(timeout_seconds=0) == (None, True)
+    assert len(q) == 0
+
+
+def test_shutdown_drain_waits_for_a_low_key_being_processed(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add("l", priority=LOW_PRIORITY)
+    assert take(q) == "l"
+    stopper = threading.Thread(target=q.shutdown, kwargs={"timeout_seconds": 30}, daemon=True)
+    stopper.start()
+    stopper.join(0.05)
+    assert stopper.is_alive()              # still waiting for "l"
+    q.done("l")
+    stopper.join(10)
+    assert not stopper.is_alive()
+    assert q.get(timeout_seconds=0) == (None, True)
+
+
+def test_depth_and_adds_count_low_keys(clock):
+    registry = CollectorRegistry()
+    q = WorkQueue("q", clock=clock, metrics=Metrics(registry))
+    q.add_many(["l1", "l2", "l3"], priority=LOW_PRIORITY)
+    q.add("a")
+    assert sample(registry, "workqueue_depth") == 4
+    q.add("l2")                            # raised: neither a new add nor a deeper queue
+    assert sample(registry, "workqueue_depth") == 4
+    assert sample(registry, "workqueue_adds_total") == 4
+    assert take(q) == "a" and take(q) == "l2" and take(q) == "l1"
+    assert sample(registry, "workqueue_depth") == 1
+    assert len(q) == 1
