@@ -5,14 +5,17 @@ shared Store. Handlers are (mapper, queue) pairs: a mapper turns an object into
 the keys to reconcile (its own key, or its controlling owner's), and the queue
 deduplicates them. Handlers never see event types: reconciles are level-based.
 
+What it watches is one or more parts (selections: a label selector or a
+shardSelector, and a client-side filter), each with watchers of its own; one
+part for all of the resource unless a caller (sharding) adds others.
+
 Priority (controller-runtime's priority queue, on by default since v0.23): the
 keys of a list's objects the cache already held at the same resourceVersion,
-and of the objects out of its view (all of the first list at start; after
-reselect(), those the previous selection's `keep` filter did not cover, all of
-them without one) go to the queues at LOW_PRIORITY, behind every key of a watch
-event and of a changed, new or vanished object. A user's new `My` is then not
-served after tens of thousands of no-op reconciles of a start-up, a relist or
-a sharding takeover.
+and all of a new part's first list (the cache had no view of its objects: at
+start-up, or slots taken over) go to the queues at LOW_PRIORITY, behind every
+key of a watch event and of a changed, new or vanished object. A user's new
+`My` is then not served after tens of thousands of no-op reconciles of a
+start-up, a relist or a sharding takeover.
 """
 
 from __future__ import annotations
@@ -42,9 +45,6 @@ LOW_PRIORITY = -100
 
 _KEY_FIELDS = (("metadata", "namespace"), ("metadata", "name"))
 
-
-def _everything(obj: dict) -> bool:
-    return True
 
 Mapper = Callable[[dict], Iterable[ObjectKey]]
 
@@ -99,6 +99,34 @@ def owner_key(kind: str, api_group: str = "") -> KeyMapper:
     return KeyMapper(mapper, (("metadata", "namespace"), ("metadata", "ownerReferences")), name)
 
 
+class _Part:
+    """One selection an informer watches into its cache: a watcher per scope
+    (namespace, None for all), their threads and stop event, and the filter
+    (`keep`, None: all) every delivery of theirs passes before the store.
+
+    Invariants (the informer's locks guard them): the parts' filters are
+    disjoint, so each cached object is exactly one part's; `listed` holds the
+    scopes whose first list is in; `replaced` holds the parts this one takes
+    over once it has listed every scope (then it is emptied and they are gone);
+    `superseded` holds the scopes a replacing part has listed already, whose
+    deliveries from this part are dropped (that part speaks for them)."""
+
+    __slots__ = ("id", "keep", "replaced", "on_synced", "watchers", "threads", "stop",
+                 "listed", "superseded")
+
+    def __init__(self, id_: int, keep: Callable[[dict], bool] | None, replaced: list[_Part],
+                 on_synced: Callable[[], None] | None):
+        self.id = id_
+        self.keep = keep
+        self.replaced = replaced
+        self.on_synced = on_synced
+        self.watchers: dict[str | None, Watcher] = {}
+        self.threads: dict[str | None, threading.Thread] = {}
+        self.stop = threading.Event()
+        self.listed: set[str | None] = set()
+        self.superseded: set[str | None] = set()
+
+
 class Informer:
     """A cache of one resource kept current by list+watch, fanning changes out to queues.
 
@@ -150,7 +178,8 @@ class Informer:
         self._sync_listeners: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._started = False
-        self._lock = threading.Lock()      # guards _threads (start / restart / stop)
+        # Guards _parts and their threads; changing _parts takes _deliver_lock too.
+        self._lock = threading.Lock()
 
         # None -> one watcher for all namespaces (or a cluster-scoped resource).
         if namespaces is None or not resource.namespaced:
@@ -165,89 +194,115 @@ class Informer:
             store=self.store, streaming_list=streaming_list, on_synced=self._notify_synced)
         self._client = client
         self._backoff_factory = backoff_factory
-        # Sharding (reselect): the client-side filter every object passes before
-        # the store (None: keep all), and the generation of watchers whose
-        # deliveries count: a replaced watcher's late ones are dropped.
-        self._keep: Callable[[dict], bool] | None = None
-        self._generation = 0
-        # The scopes (namespaces, None for all) whose watcher of this generation has
-        # delivered a list; what the cache had a view of at a first list: None for
-        # nothing (start-up), else the previous selection's keep (see _on_sync).
-        self._listed: set[str | None] = set()
-        self._covered: Callable[[dict], bool] | None = None
-        self._deliver_lock = threading.RLock()
-        self._dropped = 0       # objects the client-side filter dropped
-        # The stop event of the current watchers (reselect replaces it); `_stop` is the informer's.
-        self._run_stop = threading.Event()
-        self._nothing = False   # reselect(nothing=True): no watch at all, an empty cache
-        self._watchers: dict[str | None, Watcher] = self._new_watchers(label_selector, None)
-        self._threads: dict[str | None, threading.Thread] = {}
+        # The selections watched (see _Part); a delivery counts only while its
+        # part is here. Parts are added and removed under both locks.
+        self._parts: dict[int, _Part] = {}
+        self._part_ids = itertools.count()
+        self._deliver_lock = threading.RLock()     # one delivery (or part change) at a time
+        self._dropped = 0       # objects the client-side filters dropped
+        self.add_part(label_selector=label_selector)
         # Read at scrape time. One informer per resource in practice (the
         # manager keys them by resource and label selector).
         self._metrics.watch_stalls.labels(self._label).set_function(self.stalls)
 
     def __repr__(self) -> str:
-        return f"<Informer {self._label} namespaces={list(self._watchers)}>"
+        return f"<Informer {self._label} namespaces={self._scopes} parts={len(self._parts)}>"
 
-    def _new_watchers(self, label_selector: str | None,
-                      shard_selector: str | None) -> dict[str | None, Watcher]:
-        generation = self._generation
-        return {ns: Watcher(
-            self._client, self.resource, namespace=ns, label_selector=label_selector,
-            on_sync=lambda items, ns=ns, g=generation: self._deliver(g, self._on_sync, ns, items),
-            on_event=lambda type_, obj, g=generation: self._deliver(g, self._on_event, type_, obj),
-            backoff=self._backoff_factory() if self._backoff_factory else None,
-            shard_selector=shard_selector, **self._watcher_args) for ns in self._scopes}
+    # ---- selections (parts) ----
 
-    def reselect(self, *, label_selector: str | None = None, shard_selector: str | None = None,
-                 keep: Callable[[dict], bool] | None = None, nothing: bool = False) -> None:
-        """Watch another selection (sharding: the share of this replica changed).
+    def add_part(self, *, label_selector: str | None = None, shard_selector: str | None = None,
+                 keep: Callable[[dict], bool] | None = None, replaces: Iterable[int] = (),
+                 on_synced: Callable[[], None] | None = None) -> int:
+        """Watch one more selection into the cache; returns its id.
 
-        The watches restart with the new selectors and list afresh; until that
-        list is in, `has_synced` is False. `keep`: the client-side filter in
-        front of the store (the server may ignore `shard_selector`).
-        `nothing`: no watch at all and an empty cache (a replica holding no slot).
-        Objects that leave the selection leave the cache as a relist's vanished
-        objects do: their keys are enqueued, never reported as deletions (a
-        handler only ever sees keys, and a reconcile is level-based).
+        `keep`: the client-side filter its objects pass (the server may ignore
+        `shard_selector`); the filters of the parts must be disjoint, so every
+        cached object is one part's, and a part's list replaces its own objects
+        alone. `replaces`: parts whose objects this one takes over (its filter
+        covers theirs): they keep serving until this part has listed every
+        namespace, then go, their objects kept. `on_synced()`: once, after that
+        first complete list (on a watcher's thread, no lock of ours held).
+        A new part's first list is all queued low unless it replaces others:
+        the cache had no view of its objects (docs/SHARDING.md, section 6).
         """
-        with self._deliver_lock:
-            self._generation += 1
-            listed = not self._nothing and self._listed >= set(self._scopes)
-            self._covered = self._keep if listed else None
-            self._listed = set()
-            self._keep = keep
-            self._nothing = nothing
-        with self._lock:
-            old_watchers, old_stop = self._watchers, self._run_stop
-            self._run_stop = threading.Event()
-            self._watchers = {} if nothing else self._new_watchers(label_selector, shard_selector)
-            old_threads = self._threads
-            self._threads = {}
+        with self._deliver_lock, self._lock:
+            replaced = [self._parts[i] for i in replaces if i in self._parts]
+            part = _Part(next(self._part_ids), keep, replaced, on_synced)
+            part.watchers = {ns: self._new_watcher(part, ns, label_selector, shard_selector)
+                             for ns in self._scopes}
+            self._parts[part.id] = part
             if self._started and not self._stop.is_set():
-                for ns in self._watchers:
-                    self._start_thread_locked(ns)
-        old_stop.set()
-        for watcher in old_watchers.values():
+                for ns in part.watchers:
+                    self._start_thread_locked(part, ns)
+        return part.id
+
+    def remove_part(self, part_id: int) -> None:
+        """Stop watching a part and drop its objects from the cache; their keys
+        are enqueued, as a relist's vanished objects' are, never reported as
+        deletions (a handler only ever sees keys, and a reconcile is level-based)."""
+        with self._deliver_lock:
+            with self._lock:
+                part = self._parts.pop(part_id, None)
+            if part is None:
+                return
+            vanished = self.store.remove_where(self._owned_by(part))
+            self._cache_objects.set(len(self.store))
+        self._stop_part(part)
+        self._enqueue(vanished)
+        self._notify_synced()
+
+    def narrow_part(self, part_id: int, keep: Callable[[dict], bool]) -> None:
+        """A part's filter takes less (`keep` only objects the old one took):
+        what it no longer takes leaves the cache at once, as in remove_part. Its
+        watches go on unchanged, with the server selecting more than it keeps,
+        until the caller replaces it with a narrower part."""
+        with self._deliver_lock:
+            part = self._parts.get(part_id)
+            if part is None:
+                return
+            owned = self._owned_by(part)
+            part.keep = keep
+            vanished = self.store.remove_where(lambda obj: owned(obj) and not keep(obj))
+            self._cache_objects.set(len(self.store))
+        self._enqueue(vanished)
+
+    def part_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._parts)
+
+    def _owned_by(self, part: _Part) -> Callable[[dict], bool]:
+        """Whether a cached object is `part`'s: its filter's, or with none, no
+        other part's (deliver lock held)."""
+        if part.keep is not None:
+            return part.keep
+        others = [p.keep for p in self._parts.values()
+                  if p is not part and p not in part.replaced and p.keep is not None]
+        return lambda obj: not any(keep(obj) for keep in others)
+
+    def _new_watcher(self, part: _Part, ns: str | None, label_selector: str | None,
+                     shard_selector: str | None) -> Watcher:
+        return Watcher(
+            self._client, self.resource, namespace=ns, label_selector=label_selector,
+            on_sync=lambda items: self._deliver(part, ns, self._on_sync, ns, items, part),
+            on_event=lambda type_, obj: self._deliver(part, ns, self._on_event, type_, obj, part),
+            backoff=self._backoff_factory() if self._backoff_factory else None,
+            shard_selector=shard_selector, **self._watcher_args)
+
+    def _stop_part(self, part: _Part) -> None:
+        part.stop.set()
+        for watcher in part.watchers.values():
             watcher.stop()
-        for thread in old_threads.values():
+        for thread in list(part.threads.values()):
             if thread is not threading.current_thread():
                 thread.join(timeout=5.0)
-        if nothing:
-            with self._deliver_lock:
-                vanished = self.store.replace(self.store.new_list([]))
-                self._cache_objects.set(len(self.store))
-            self._enqueue(vanished)
-            self._notify_synced()
 
     @property
     def dropped(self) -> int:
-        """Objects the client-side filter (reselect's `keep`) has kept out of the cache."""
+        """Objects the client-side filters (the parts' `keep`) have kept out of the cache."""
         return self._dropped
 
-    def _filtered(self, items):
-        """A list's items the client-side filter keeps (the same list when it keeps all)."""
-        keep = self._keep
+    def _filtered(self, keep: Callable[[dict], bool] | None, items):
+        """A list's items `keep` keeps (the same list when it keeps all)."""
         listing = items if isinstance(items, StoreList) else self.store.new_list(items)
         if keep is None:
             return listing
@@ -262,7 +317,8 @@ class Informer:
 
     @property
     def watchers(self) -> list[Watcher]:
-        return list(self._watchers.values())
+        with self._lock:
+            return [w for part in self._parts.values() for w in part.watchers.values()]
 
     # ---- handlers ----
 
@@ -302,44 +358,85 @@ class Informer:
                 count += 1
         return count
 
-    def _deliver(self, generation: int, handle: Callable, *args) -> None:
-        """A watcher's delivery, unless reselect() replaced that watcher since."""
+    def _deliver(self, part: _Part, scope: str | None, handle: Callable, *args) -> None:
+        """A watcher's delivery, unless its part is gone or a part replacing it
+        has listed this scope (that part speaks for it from then on)."""
+        scopes = set(self._scopes)
         with self._deliver_lock:
-            if generation == self._generation:
-                handle(*args)
+            if self._parts.get(part.id) is not part or scope in part.superseded:
+                return
+            listed_before = part.listed >= scopes
+            handle(*args)
+            first_complete = not listed_before and part.listed >= scopes
+        if first_complete:
+            self._part_listed(part)
 
-    def _on_sync(self, namespace: str | None, items: StoreList | list) -> None:
+    def _sole_part(self) -> _Part:
+        (part,) = self._parts.values()
+        return part
+
+    def _on_sync(self, namespace: str | None, items: StoreList | list,
+                 part: _Part | None = None) -> None:
+        """A list of `part` (default: the only part) for `namespace`."""
         # One way: the store replaces (deleting what vanished), and the keys of
         # both the listed and the vanished objects go to the queues from here;
         # nothing goes back to the watcher. The watchers fill a StoreList of the
         # store's as a list arrives, so a long list is never held as dicts.
-        listing = self._filtered(items)
+        part = part or self._sole_part()
+        listing = self._filtered(part.keep, items)
         # What the cache had a view of: all of it at a relist; at a first list,
-        # nothing at start-up, and after reselect() what the previous selection's
-        # filter covered (an object it covered but the cache lacks was created while
-        # the watches restarted: a user's new `My` in a slot this replica keeps).
-        covered = self._covered if namespace not in self._listed else _everything
-        self._listed.add(namespace)
-        unchanged: set[ObjectKey] | None = None if covered is None else set()
-        vanished = self.store.replace(listing, namespace=namespace, unchanged=unchanged)
+        # nothing for a new part (start-up, slots taken over), and all of it for
+        # a part that replaces others (what they cached is judged as a relist judges).
+        first = namespace not in part.listed
+        part.listed.add(namespace)
+        out_of_view = first and not part.replaced
+        unchanged: set[ObjectKey] | None = None if out_of_view else set()
+        # A part's list speaks for its own objects alone: those of the parts it
+        # replaces are its own too; the others' are not in scope.
+        alone = all(p is part or p in part.replaced for p in self._parts.values())
+        vanished = self.store.replace(listing, namespace=namespace, unchanged=unchanged,
+                                      within=None if alone else self._owned_by(part))
+        for old in part.replaced:
+            old.superseded.add(namespace)
         self._cache_objects.set(len(self.store))
         # As client-go: a (re)list is delivered whole. What changed while we were
         # not watching is unknown, and the queue deduplicates. The listed objects
         # are built one at a time: all of them at once would be the whole list
         # as dicts again, the peak the packed store exists to avoid.
         # Low: what the cache held as it is, and what was out of its view.
-        if covered is None:
+        if out_of_view:
             low, changed = listing, self.store.new_list()
         else:
-            low, changed = listing.split(
-                lambda obj: key_of(obj) in unchanged or not covered(obj),
-                fields=_KEY_FIELDS if covered is _everything else None)
+            low, changed = listing.split(lambda obj: key_of(obj) in unchanged,
+                                         fields=_KEY_FIELDS)
+            if first:
+                # Replacing parts that watched all along: nothing unchanged was missed.
+                low = self.store.new_list()
         self._enqueue(itertools.chain(changed.objects(fields=self._mapped_fields), vanished))
         self._enqueue(low.objects(fields=self._mapped_fields), priority=LOW_PRIORITY)
 
-    def _on_event(self, type_: str, obj: dict) -> None:
-        if self._keep is not None and not self._keep(obj):
-            # Never in the cache: the filter depends only on the uid, which never changes.
+    def _part_listed(self, part: _Part) -> None:
+        """`part` has listed every namespace once: the parts it replaces go
+        (their objects are its own now), and its listener is told."""
+        with self._deliver_lock:
+            with self._lock:
+                replaced = [p for p in part.replaced if self._parts.get(p.id) is p]
+                for old in replaced:
+                    del self._parts[old.id]
+            part.replaced = []
+        for old in replaced:
+            self._stop_part(old)
+        if part.on_synced is not None:
+            try:
+                part.on_synced()
+            except Exception:
+                log.exception("%s: a part's sync listener failed", self)
+
+    def _on_event(self, type_: str, obj: dict, part: _Part | None = None) -> None:
+        part = part or self._sole_part()
+        if part.keep is not None and not part.keep(obj):
+            # Never in the cache: the filters depend only on the uid or the slot
+            # label, which never change.
             self._dropped += 1
             return
         if type_ == "DELETED":
@@ -397,20 +494,17 @@ class Informer:
             if self._started:
                 return
             self._started = True
-            for ns in self._watchers:
-                self._start_thread_locked(ns)
+            for part in self._parts.values():
+                for ns in part.watchers:
+                    self._start_thread_locked(part, ns)
 
     def stop(self) -> None:
         """Stop every watcher and wait briefly for its thread; idempotent."""
         self._stop.set()
-        self._run_stop.set()
-        for watcher in self._watchers.values():
-            watcher.stop()
         with self._lock:
-            threads = list(self._threads.values())
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5.0)
+            parts = list(self._parts.values())
+        for part in parts:
+            self._stop_part(part)
 
     def restart_if_dead(self) -> int:
         """For the supervisor: restart watcher threads that died; returns how many."""
@@ -418,19 +512,21 @@ class Informer:
         with self._lock:
             if not self._started or self._stop.is_set():
                 return 0
-            for ns, thread in self._threads.items():
-                if not thread.is_alive():
-                    log.error("%s: watcher thread %s died; restarting it from %r", self,
-                              thread.name, self._watchers[ns].state)
-                    self._start_thread_locked(ns)
-                    restarted += 1
+            for part in self._parts.values():
+                for ns, thread in part.threads.items():
+                    if not thread.is_alive():
+                        log.error("%s: watcher thread %s died; restarting it from %r", self,
+                                  thread.name, part.watchers[ns].state)
+                        self._start_thread_locked(part, ns)
+                        restarted += 1
         return restarted
 
-    def _start_thread_locked(self, ns: str | None) -> None:
-        watcher = self._watchers[ns]
-        thread = threading.Thread(target=self._run_watcher, args=(watcher, self._run_stop),
-                                  name=f"informer-{self._label}-{ns or 'all'}", daemon=True)
-        self._threads[ns] = thread
+    def _start_thread_locked(self, part: _Part, ns: str | None) -> None:
+        watcher = part.watchers[ns]
+        name = f"informer-{self._label}-{ns or 'all'}" + (f"-{part.id}" if part.id else "")
+        thread = threading.Thread(target=self._run_watcher, args=(watcher, part.stop),
+                                  name=name, daemon=True)
+        part.threads[ns] = thread
         thread.start()
 
     def _run_watcher(self, watcher: Watcher, stop: threading.Event) -> None:
@@ -444,16 +540,16 @@ class Informer:
     # ---- health ----
 
     def has_synced(self) -> bool:
-        """Every watcher has finished its initial list."""
+        """Every part has finished its first list (a part replacing others lists in
+        the background: those it replaces are synced)."""
+        scopes = set(self._scopes)
         with self._lock:
-            watchers = list(self._watchers.values())
-        return all(w.has_synced for w in watchers)
+            parts = [part for part in self._parts.values() if not part.replaced]
+        return all(part.listed >= scopes for part in parts)
 
     def stalls(self) -> int:
         """The most stall periods in a row, without progress, of any of this informer's watches."""
-        with self._lock:
-            watchers = list(self._watchers.values())
-        return max((w.stalls for w in watchers), default=0)
+        return max((w.stalls for w in self.watchers), default=0)
 
     def is_healthy(self, *, now: float | None = None) -> tuple[bool, str]:
         now = self._clock() if now is None else now
@@ -461,11 +557,11 @@ class Informer:
             return False, "not started"
         problems = []
         with self._lock:
-            threads = dict(self._threads)
-            watchers = dict(self._watchers)
-        for ns, watcher in watchers.items():
+            watching = [(ns, part.threads.get(ns), watcher) for part in self._parts.values()
+                        for ns, watcher in part.watchers.items()]
+        for ns, thread, watcher in watching:
             where = ns or "all namespaces"
-            if ns not in threads or not threads[ns].is_alive():
+            if thread is None or not thread.is_alive():
                 problems.append(f"{where}: watcher thread is dead")
                 continue
             deadline = 2 * watcher.watch_timeout_seconds

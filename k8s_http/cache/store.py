@@ -132,9 +132,12 @@ class _ByNamespace:
     def values(self) -> list[object]:
         return [stored for names in self._spaces.values() for stored in names.values()]
 
-    def items(self) -> list[tuple[ObjectKey, object]]:
+    def items(self, namespace: str | None = None) -> list[tuple[ObjectKey, object]]:
+        """(key, stored form) of one namespace, or of all of them (None)."""
+        spaces = self._spaces.items() if namespace is None else \
+            [(namespace, self._spaces.get(namespace, {}))]
         return [(_new_key(ObjectKey, (ns, name)), stored)
-                for ns, names in self._spaces.items() for name, stored in names.items()]
+                for ns, names in spaces for name, stored in names.items()]
 
     def __contains__(self, key: ObjectKey) -> bool:
         return self.get(key) is not None
@@ -449,7 +452,27 @@ class Store:
             self._observe_locked(key, None)
         return None if old is None else self._restore(old)
 
+    def remove_where(self, test: Callable[[dict], bool]) -> list[dict]:
+        """Remove every object `test` is true of; returns them (as `replace`
+        returns the vanished: for the caller to notify about). For a cache whose
+        selection narrowed. The test runs outside the lock on the objects as
+        cached; a caller that also writes must not write meanwhile (an informer
+        holds its delivery lock)."""
+        with self._lock:
+            candidates = self._objects.items()
+        doomed = [key for key, stored in candidates if test(self._restore(stored))]
+        removed = []
+        with self._lock:
+            for key in doomed:
+                old = self._objects.pop(key)
+                if old is not None:
+                    self._unfile_locked(key, old)
+                    removed.append(old)
+                self._observe_locked(key, None)
+        return [self._restore(s) for s in removed]
+
     def replace(self, objects: Iterable | StoreList, *, namespace: str | None = None,
+                within: Callable[[dict], bool] | None = None,
                 unchanged: set[ObjectKey] | None = None) -> list[dict]:
         """Atomically make the store hold exactly `objects`; returns the objects that vanished.
 
@@ -463,6 +486,9 @@ class Store:
         Readers see either the old contents or the new, never a mixture.
         `objects`: dicts, or a StoreList of this store's (an informer's watcher
         fills one as a list arrives, so a long list is never held as dicts).
+        With `within`, only the cached objects it is true of are in scope (with
+        `namespace`, those of that namespace): an informer watching several
+        selections into one store replaces one selection's objects with its list.
         `unchanged`: given a set, the keys of the objects the store held at the
         same resourceVersion are added to it (an informer queues them low).
         """
@@ -474,6 +500,11 @@ class Store:
         # 10,000-object relist must not block readers.
         filed = {key: self._index_values(self._restore(stored))
                  for key, stored in incoming.items()} if self._indexers else {}
+        scope: list[ObjectKey] | None = None
+        if within is not None:      # judged outside the lock, as the indexing above
+            with self._lock:
+                candidates = self._objects.items(namespace)
+            scope = [key for key, stored in candidates if within(self._restore(stored))]
         with self._lock:
             # Replaced: everything in scope, plus any key the new list holds.
             objects = self._objects
@@ -482,13 +513,14 @@ class Store:
                 unchanged.update(key for key, stored in incoming.items()
                                  if (old := objects.get(key)) is not None
                                  and rv(old) == rv(stored) is not None)
-            if namespace is None:
+            if namespace is None and scope is None:
                 vanished = [s for k, s in objects.items() if k not in incoming]
                 self._objects = objects = _ByNamespace()
                 self._indices = {name: {} for name in self._indexers}
             else:
                 vanished = []
-                stale = objects.keys_in(namespace) + [k for k in incoming if k in objects]
+                stale = (objects.keys_in(namespace) if scope is None else scope) + \
+                    [k for k in incoming if k in objects]
                 for key in stale:
                     old = objects.pop(key)
                     if old is None:
@@ -502,7 +534,9 @@ class Store:
                 self._file_locked(key, values)
             self._seq += 1
             self._relisted_at = self._seq      # a write in flight now may be older than the list
-            for key in [k for k in self._written if namespace is None or k.namespace == namespace]:
+            in_scope = None if scope is None else set(scope).union(incoming)
+            for key in [k for k in self._written if (namespace is None or k.namespace == namespace)
+                        and (in_scope is None or k in in_scope)]:
                 incoming_obj = incoming.get(key)
                 self._observe_locked(key, self._stored_rv(incoming_obj) if incoming_obj else None)
         return [self._restore(s) for s in vanished]

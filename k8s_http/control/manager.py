@@ -54,6 +54,7 @@ from ..wire.transport import user_agent
 from ..cache.informer import LOW_PRIORITY, Informer, own_key, owner_key
 from ..cache.store import Store
 from .deletionwatch import DeletionWatches
+from .shardcaches import ShardCaches
 from .events import EventRecorder
 from .leader import LeaderElector
 from .runner import Result, Runner
@@ -151,15 +152,15 @@ class Manager:
                                             user_agent=agent)
         self._shard_label = shard_label
         self._member: ShardMember | None = None
-        self._shard_primaries: list[Informer] = []
-        self._shard_children: list[tuple[Informer, str | None]] = []
+        self._shard_caches: ShardCaches | None = None
         if shards:
+            self._shard_caches = ShardCaches(shard_label, clock=clock)
             self._member = ShardMember(
                 ApiClient(self.client.transport),
                 namespace=leader_election_namespace or config.namespace, app=name,
                 member_name=member_name,
                 identity=f"{member_name}_{uuid.uuid4().hex[:10]}",
-                label_domain=shard_label.partition("/")[0], on_change=self._reselect,
+                label_domain=shard_label.partition("/")[0], on_change=self._shard_caches.select,
                 on_drain_timeout=self._on_drain_timeout, metrics=self.metrics, clock=clock,
                 drain_timeout_seconds=graceful_shutdown_timeout_seconds)
             self.client.write_guard = self._member.check
@@ -293,11 +294,11 @@ class Manager:
             informer = self._informer(owned, owns_label_selector, transforms.get(owned))
             informer.add_handler(owner_key(resource.kind, resource.group), queue)
             informers.append(informer)
-            if self._member is not None:
-                self._shard_children.append((informer, owns_label_selector))
-        if self._member is not None:
-            self._shard_primaries.append(primary)
-            reconcile = self._sharded(reconcile, primary)
+            if self._shard_caches is not None:
+                self._shard_caches.add_children(informer, owns_label_selector)
+        if self._shard_caches is not None:
+            self._shard_caches.add_primary(primary)
+            reconcile = self._sharded(reconcile, primary, queue)
         runner = Runner(name, queue, reconcile, workers=workers, metrics=self.metrics,
                         clock=self._clock, can_start=self._may_reconcile,
                         log_context=functools.partial(reconcile_context, kind=resource.kind,
@@ -309,41 +310,30 @@ class Manager:
                                                                else "a worker thread died"))
 
     def _sharded(self, reconcile: Callable[[ObjectKey], Result | None],
-                 primary: Informer) -> Callable[[ObjectKey], Result | None]:
+                 primary: Informer, queue: WorkQueue) -> Callable[[ObjectKey], Result | None]:
         """The reconcile of a sharded controller: only for objects of held slots
         (a key of another slot is dropped: its owner has it), writes fenced by
-        slot, and counted in flight so a release waits for it. A key whose
-        object is not cached reconciles as before (to "gone": nothing to
-        write), with every write refused: should its object reach the cache
-        meanwhile (the watch of a slot just released still delivering), the
-        reconcile must not write for a slot it was never counted in."""
-        member = self._member
-        assert member is not None
+        slot, and counted in flight so a release waits for it. A key of a slot
+        whose caches are still listing waits for them (ShardCaches.defer). A
+        key whose object is not cached reconciles as before (to "gone":
+        nothing to write), with every write refused: should its object reach
+        the cache meanwhile (the watch of a slot just released still
+        delivering), the reconcile must not write for a slot it was never
+        counted in."""
+        member, caches = self._member, self._shard_caches
+        assert member is not None and caches is not None
 
         def reconcile_in_slot(key: ObjectKey) -> Result | None:
             obj = primary.store.get(key)
             slot = (_shards.slot_of_hash(_shards.object_hash(obj)) if obj is not None
                     else UNCACHED)
+            if slot != UNCACHED and caches.defer(slot, queue, key):
+                return None
             with member.working(slot) as mine:
                 if not mine:
                     return None
                 return reconcile(key)
         return reconcile_in_slot
-
-    def _reselect(self, held: frozenset[int]) -> None:
-        """The held slots changed: every sharded informer watches the new share."""
-        if not held:
-            for informer in [*self._shard_primaries, *(i for i, _ in self._shard_children)]:
-                informer.reselect(nothing=True)
-            return
-        ranges = _shards.ranges_of_slots(held)
-        for informer in self._shard_primaries:
-            informer.reselect(shard_selector=ranges.shard_selector(),
-                              keep=lambda obj, r=ranges: _shards.keeps(obj, r))
-        assert self._shard_label is not None
-        slot_selector = _shards.slot_label_selector(self._shard_label, held)
-        for informer, base in self._shard_children:
-            informer.reselect(label_selector=f"{base},{slot_selector}" if base else slot_selector)
 
     def event_recorder(self, component: str | None = None, *,
                        timeout_seconds: float = 5.0) -> EventRecorder:
@@ -425,6 +415,12 @@ class Manager:
     def _caches_synced(self) -> bool:
         return all(i.has_synced() for i in self._informers.values())
 
+    def _unsharded_caches_synced(self) -> bool:
+        """The worker gate's: a sharded cache's slots are gated one by one
+        (ShardCaches.defer), so one still listing gained slots holds back no other."""
+        sharded = self._shard_caches.informers() if self._shard_caches is not None else ()
+        return all(i.has_synced() for i in self._informers.values() if i not in sharded)
+
     def _on_cache_synced(self) -> None:
         """Logged once, when the last cache has synced: from then on /readyz is 200
         (a standby's too: its caches are warm for a takeover)."""
@@ -458,7 +454,7 @@ class Manager:
 
     def _may_reconcile(self) -> bool:
         """The gate every worker checks before it starts a reconcile."""
-        if self._is_stopping() or not self._caches_synced():
+        if self._is_stopping() or not self._unsharded_caches_synced():
             return False
         if self._member is not None and not self._member.is_member():
             return False
@@ -504,8 +500,8 @@ class Manager:
             limit_arenas(MALLOC_ARENAS)
         self._start_servers()
         self._cache_fill.begin()
-        if self._member is not None:
-            self._reselect(frozenset())     # nothing until slots are claimed
+        if self._shard_caches is not None:
+            self._shard_caches.select(frozenset())     # nothing until slots are claimed
         for informer in self._informers.values():
             informer.start()
         if self._member is not None:
@@ -580,6 +576,8 @@ class Manager:
                 trimmer.tick()
                 for informer in self._informers.values():
                     informer.restart_if_dead()
+                if self._shard_caches is not None:
+                    self._shard_caches.consolidate_if_due()
                 for controller in self._controllers:
                     restarted = controller.runner.restart_dead_threads()
                     if restarted:

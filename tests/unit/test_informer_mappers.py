@@ -348,7 +348,11 @@ def test_a_plain_queue_gets_a_relists_changed_keys_first():
     assert [k.name for k in q.keys] == ["changed", "same"]
 
 
-def test_each_namespace_watchers_first_list_is_low_and_reselect_starts_over():
+def _starts(prefix):
+    return lambda obj: obj["metadata"]["name"].startswith(prefix)
+
+
+def test_each_namespace_watchers_first_list_is_low_and_a_new_parts_too():
     from k8s_http.control.workqueue import WorkQueue
     inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["a", "b"])
     q = WorkQueue("q")
@@ -359,27 +363,47 @@ def test_each_namespace_watchers_first_list_is_low_and_reselect_starts_over():
     assert _taken(q) == ["a2", "a1", "b1"]
     inf._on_sync("a", [_named("a1", ns="a", rv="2"), _named("a2", ns="a")])
     assert _taken(q) == ["a1", "a2"]                     # a relist: changed first
-    # A new selection after one without a `keep` filter: the cache had no view of it,
-    # so all its first list is low, the changed object too; a later relist compares again.
-    inf.reselect(keep=None)
-    inf._on_sync("a", [_named("a1", ns="a", rv="3"), _named("a3", ns="a")])
-    inf._on_event("ADDED", _named("a4", ns="a"))
-    assert _taken(q) == ["a2", "a4", "a1", "a3"]         # a2 vanished: normal
-    inf._on_sync("a", [_named("a1", ns="a", rv="4"), _named("a3", ns="a")])
-    assert _taken(q) == ["a1", "a4", "a3"]               # a4 vanished
+    # A new part (say slots taken over): the cache had no view of its objects, so
+    # all its first list is low; its lists leave the other part's objects alone.
+    (first,) = inf.part_ids()
+    inf.narrow_part(first, _starts("a"))
+    assert _taken(q) == ["b1"]                           # it left the cache, as if vanished
+    new = inf.add_part(keep=_starts("x"))
+    part = inf._parts[new]
+    inf._on_sync("a", [_named("x1", ns="a", rv="3"), _named("a9", ns="a")], part)  # a9 not its
+    inf._on_event("ADDED", _named("a4", ns="a"), inf._parts[first])
+    assert _taken(q) == ["a4", "x1"]
+    assert inf.dropped == 1
+    inf._on_sync("a", [_named("x1", ns="a", rv="4"), _named("x2", ns="a")], part)
+    assert _taken(q) == ["x1", "x2"]                     # its relist: as a relist's
+    assert sorted(k.name for k in inf.store.keys()) == ["a1", "a2", "a4", "x1", "x2"]
+    assert not inf.has_synced()                          # the new part has not listed "b"
+    inf._on_sync("a", [_named("x2", ns="a")], part)
+    assert _taken(q) == ["x1", "x2"]                     # x1 vanished, x2 unchanged: low
+    assert sorted(k.name for k in inf.store.keys()) == ["a1", "a2", "a4", "x2"]
 
 
-def test_a_new_shares_list_judges_what_the_old_share_covered_as_a_relist_does():
+def test_a_part_replacing_others_takes_their_objects_and_enqueues_only_what_changed():
     from k8s_http.control.workqueue import WorkQueue
     inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
     q = WorkQueue("q")
     inf.add_handler(own_key, q)
-    inf.reselect(keep=lambda o: o["metadata"]["name"].startswith("a"))
-    inf._on_sync("ns", [_named("a1"), _named("a2"), _named("b0")])   # b0 filtered out
-    assert _taken(q) == ["a1", "a2"]
-    inf.reselect(keep=lambda o: True)                                  # the share grows
-    inf._on_sync("ns", [_named("a1"), _named("a2", rv="2"), _named("a3"), _named("b1")])
-    inf._on_event("ADDED", _named("c"))
-    # a2 changed and a3 was created while the watches restarted, in the old share: as
-    # a relist's; b1 is of the new part, a1 unchanged: low.
-    assert _taken(q) == ["a2", "a3", "c", "a1", "b1"]
+    (first,) = inf.part_ids()
+    inf.narrow_part(first, _starts("a"))
+    b = inf.add_part(keep=_starts("b"))
+    inf._on_sync("ns", [_named("a1"), _named("a2")], inf._parts[first])
+    inf._on_sync("ns", [_named("b0"), _named("b1")], inf._parts[b])
+    _taken(q)
+    listened = []
+    merged = inf.add_part(keep=lambda o: True, replaces=[first, b],
+                          on_synced=lambda: listened.append(True))
+    assert inf.has_synced()         # the replaced parts serve while it lists
+    old = inf._parts[first]
+    inf._deliver(inf._parts[merged], "ns", inf._on_sync, "ns",
+                 [_named("a1"), _named("a2", rv="2"), _named("a3"), _named("b1")],
+                 inf._parts[merged])
+    # a2 changed, a3 is new, b0 vanished; a1 and b1 were watched all along: not queued.
+    assert _taken(q) == ["a2", "a3", "b0"]
+    assert inf.part_ids() == [merged] and listened == [True]
+    inf._deliver(old, "ns", inf._on_event, "ADDED", _named("a7"), old)   # late: dropped
+    assert sorted(k.name for k in inf.store.keys()) == ["a1", "a2", "a3", "b1"]

@@ -245,7 +245,7 @@ def my(name, uid):
             "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "1"}}
 
 
-def test_reselect_filters_client_side_and_drops_what_left_without_a_deletion():
+def test_a_part_filters_client_side_and_what_leaves_goes_without_a_deletion():
     from k8s_http.core.objects import Resource
     resource = Resource("mine.jp", "v1", "mys", "My")
     inf = Informer(client=None, resource=resource, namespaces=["ns"])
@@ -253,30 +253,35 @@ def test_reselect_filters_client_side_and_drops_what_left_without_a_deletion():
     inf.add_handler(own_key, queue)
     rng = random.Random(37)     # uids spread; similar strings would not (docs/SHARDING.md)
     objs = [my(f"m{i}", str(uuid.UUID(int=rng.getrandbits(128)))) for i in range(40)]
-    low = ranges_of_slots(range(128))
-    inf._on_sync("ns", objs)
-    assert len(inf.store) == 40
-    inf.reselect(shard_selector=low.shard_selector(), keep=lambda o: shards.keeps(o, low))
-    # The new watchers' list: the server may ignore the selector; the filter keeps our share.
-    generation = inf._generation
-    queue.keys.clear()
-    inf._deliver(generation, inf._on_sync, "ns", objs)
+    low, lower = ranges_of_slots(range(128)), ranges_of_slots(range(64))
+    (first,) = inf.part_ids()
+    inf.remove_part(first)
+    part_id = inf.add_part(shard_selector=low.shard_selector(),
+                           keep=lambda o: shards.keeps(o, low))
+    part = inf._parts[part_id]
+    (watcher,) = inf.watchers
+    assert watcher._shard == {"shard_selector": low.shard_selector()}
+    # The list: the server may ignore the selector; the filter keeps our share.
+    inf._deliver(part, "ns", inf._on_sync, "ns", objs, part)
     kept = {o["metadata"]["name"] for o in objs if shards.keeps(o, low)}
     assert 0 < len(kept) < 40
     assert {k.name for k in inf.store.keys()} == kept
-    assert inf.dropped == 40 - len(kept)
-    # Those that left are enqueued like a relist's vanished objects (keys only).
-    assert {k.name for k in queue.keys} == {o["metadata"]["name"] for o in objs}
-    # A replaced watcher's late deliveries are ignored; out-of-range events are dropped.
-    outside = next(o for o in objs if not shards.keeps(o, low))
-    inf.reselect(keep=None)       # a watcher of the previous generation delivers late
-    inf._deliver(generation, inf._on_event, "ADDED", outside)
+    assert inf.dropped == 40 - len(kept) and inf.has_synced()
+    # Narrowed: what left is enqueued like a relist's vanished objects (keys only).
+    queue.keys.clear()
+    inf.narrow_part(part_id, lambda o: shards.keeps(o, lower))
+    still = {o["metadata"]["name"] for o in objs if shards.keeps(o, lower)}
+    assert 0 < len(still) < len(kept)
+    assert {k.name for k in inf.store.keys()} == still
+    assert {k.name for k in queue.keys} == kept - still
+    # Its watch still selects the old range: events outside the narrowed filter are dropped.
+    outside = next(o for o in objs if o["metadata"]["name"] in kept - still)
+    inf._deliver(part, "ns", inf._on_event, "MODIFIED", outside, part)
     assert ObjectKey("ns", outside["metadata"]["name"]) not in set(inf.store.keys())
-    inf.reselect(shard_selector=low.shard_selector(), keep=lambda o: shards.keeps(o, low))
-    inf._on_event("ADDED", outside)
-    assert ObjectKey("ns", outside["metadata"]["name"]) not in set(inf.store.keys())
-    inf.reselect(nothing=True)
-    assert len(inf.store) == 0 and inf.has_synced()
+    # A removed part's late deliveries are ignored, and its objects are gone.
+    inf.remove_part(part_id)
+    inf._deliver(part, "ns", inf._on_event, "ADDED", objs[0], part)
+    assert len(inf.store) == 0 and inf.watchers == [] and inf.has_synced()
 
 
 # ---------------------------------------------------------------------------
@@ -337,14 +342,30 @@ def test_the_manager_runs_only_reconciles_of_held_slots_fenced_and_reselects(mon
     assert seen == [(ObjectKey("ns", "not-cached"), UNCACHED)]
     assert refused == [ObjectKey("ns", "not-cached")]
 
-    mgr._reselect(ours)
+    caches = mgr._shard_caches
+    caches.select(ours)
     (watcher,) = primary.watchers
     assert watcher._shard == {"shard_selector": ranges_of_slots(ours).shard_selector()}
-    (child,) = mgr._shard_children
-    (child_watcher,) = child[0].watchers
+    (child,) = [i for i in caches.informers() if i is not primary]
+    (child_watcher,) = child.watchers
     assert child_watcher._label_selector == "a=b," + shards.slot_label_selector(
         "sharding.example.com/slot", ours)
-    mgr._reselect(frozenset())
+    # Until both caches have listed the gained slots, their keys wait (not run).
+    (p_part,), (c_part,) = primary._parts.values(), child._parts.values()
+    primary._deliver(p_part, "ns", primary._on_sync, "ns", objs, p_part)
+    queue = mgr._controllers[0].queue
+    while (key := queue.get(0)[0]) is not None:     # drain what the list queued
+        queue.done(key)
+    mine = next(n for n, s in slots.items() if s in ours)
+    seen.clear()
+    assert runner._reconcile(ObjectKey("ns", mine)) is None and seen == []
+    assert caches.pending_slots() == len(ours)
+    child._deliver(c_part, "ns", child._on_sync, "ns", [], c_part)
+    assert caches.pending_slots() == 0
+    assert queue.get(0)[0] == ObjectKey("ns", mine)      # queued again once listed
+    runner._reconcile(ObjectKey("ns", mine))
+    assert [k.name for k, _ in seen] == [mine]
+    caches.select(frozenset())
     assert primary.watchers == [] and len(primary.store) == 0 and primary.has_synced()
 
 

@@ -323,6 +323,6 @@ def test_watches_skip_managed_fields_exactly_when_the_informers_store_drops_them
         store = Store() if transform == "default" else Store(transform=transform)
         informer = Informer(client, DEPLOYMENTS, namespaces=["ns"], streaming_list=False,
                             metrics=Metrics(CollectorRegistry()), rng=lambda: 0.5, store=store)
-        informer._watchers["ns"].run(stop)
+        informer.watchers[0].run(stop)
         watch = next(call for call in client.calls if call[0] == "watch")
         assert watch.kwargs.get("skip_managed_fields", False) is skipped, transform

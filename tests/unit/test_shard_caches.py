@@ -1,0 +1,137 @@
+"""ShardCaches: the sharded informers' parts follow the held slots without
+re-listing what is still held (docs/SHARDING.md, section 6)."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+from k8s_http.cache.informer import Informer, own_key, owner_key
+from k8s_http.control.shardcaches import ShardCaches
+from k8s_http.control.workqueue import WorkQueue
+from k8s_http.core import shards
+from k8s_http.core.objects import DEPLOYMENTS, ObjectKey, Resource
+from tests.support.clock import FakeClock
+from tests.unit.test_informer_mappers import _taken as drain
+
+MYS = Resource("mine.jp", "v1", "mys", "My")
+LABEL = "sharding.example.com/slot"
+
+
+def my(name, uid, rv="1"):
+    return {"apiVersion": "mine.jp/v1", "kind": "My",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv}}
+
+
+def child(owner, rv="1"):
+    meta = owner["metadata"]
+    return {"metadata": {"name": meta["name"], "namespace": "ns", "resourceVersion": rv,
+                         "labels": {LABEL: str(shards.slot_of(meta["uid"]))},
+                         "ownerReferences": [{"apiVersion": "mine.jp/v1", "kind": "My",
+                                              "name": meta["name"], "controller": True}]}}
+
+
+def setup(n=60):
+    clock = FakeClock()
+    primary = Informer(None, MYS, namespaces=["ns"])
+    children = Informer(None, DEPLOYMENTS, namespaces=["ns"])
+    queue = WorkQueue("q")
+    primary.add_handler(own_key, queue)
+    children.add_handler(owner_key("My", "mine.jp"), queue)
+    caches = ShardCaches(LABEL, clock=clock, consolidate_after_seconds=30)
+    caches.add_primary(primary)
+    caches.add_children(children, None)
+    rng = random.Random(7)
+    objs = [my(f"m{i}", str(uuid.UUID(int=rng.getrandbits(128)))) for i in range(n)]
+    return clock, primary, children, queue, caches, objs
+
+
+def slot(obj):
+    return shards.slot_of(obj["metadata"]["uid"])
+
+
+def list_part(informer, part_id, items):
+    part = informer._parts[part_id]
+    informer._deliver(part, "ns", informer._on_sync, "ns", items, part)
+
+
+def newest(informer):
+    return max(informer.part_ids())
+
+
+def test_a_gain_adds_a_part_and_holds_back_only_the_gained_slots_until_both_caches_listed():
+    clock, primary, children, queue, caches, objs = setup()
+    half = frozenset(range(128))
+    caches.select(half)
+    ours = [o for o in objs if slot(o) in half]
+    list_part(primary, newest(primary), objs)
+    list_part(children, newest(children), [child(o) for o in ours])
+    assert caches.pending_slots() == 0 and primary.has_synced()
+    drain(queue)
+    first_primary, first_children = primary.part_ids(), children.part_ids()
+
+    caches.select(frozenset(range(256)))            # a member died: the rest is ours
+    # The held slots' parts stay; one more part each, for the gained slots alone.
+    assert primary.part_ids()[:1] == first_primary and len(primary.part_ids()) == 2
+    assert children.part_ids()[:1] == first_children and len(children.part_ids()) == 2
+    assert caches.pending_slots() == 128
+    gained = next(o for o in objs if slot(o) >= 128)
+    held = next(o for o in ours)
+    assert caches.defer(slot(gained), queue, ObjectKey("ns", "early"))
+    assert not caches.defer(slot(held), queue, ObjectKey("ns", held["metadata"]["name"]))
+    # The gained part's list leaves the held part's objects alone.
+    list_part(primary, newest(primary), objs)
+    assert len(primary.store) == len(objs)
+    assert caches.pending_slots() == 128            # the children have not listed yet
+    drain(queue)
+    list_part(children, newest(children), [child(o) for o in objs if slot(o) >= 128])
+    assert caches.pending_slots() == 0
+    # The children's list queues their owners; what waited is queued again.
+    assert set(drain(queue)) == {"early"} | {o["metadata"]["name"] for o in objs
+                                             if slot(o) >= 128}
+    assert len(children.store) == len(objs)
+
+
+def test_a_loss_narrows_at_once_and_a_quiet_while_later_one_part_replaces_them_all():
+    clock, primary, children, queue, caches, objs = setup()
+    caches.select(frozenset(range(100)))
+    list_part(primary, newest(primary), objs)
+    list_part(children, newest(children), [child(o) for o in objs if slot(o) < 100])
+    caches.select(frozenset(range(200)))
+    list_part(primary, newest(primary), objs)
+    list_part(children, newest(children), [child(o) for o in objs if 100 <= slot(o) < 200])
+    drain(queue)
+    caches.select(frozenset(range(50, 200)))        # a member joined: 0-49 go to it
+    kept = {o["metadata"]["name"] for o in objs if 50 <= slot(o) < 200}
+    assert {k.name for k in primary.store.keys()} == kept
+    assert {k.name for k in children.store.keys()} == kept
+    assert sorted(drain(queue)) == sorted(o["metadata"]["name"] for o in objs if slot(o) < 50)
+    assert not caches.consolidate_if_due()          # not quiet for long enough
+    clock.advance(31)
+    assert caches.consolidate_if_due()
+    assert len(primary.part_ids()) == 3 and primary.has_synced()   # the two serve meanwhile
+    merged = newest(primary)
+    assert primary._parts[merged].watchers["ns"]._shard == {
+        "shard_selector": shards.ranges_of_slots(range(50, 200)).shard_selector()}
+    changed = next(o for o in objs if 50 <= slot(o) < 200)
+    items = [my(o["metadata"]["name"], o["metadata"]["uid"], rv="2") if o is changed else o
+             for o in objs]
+    list_part(primary, merged, items)
+    list_part(children, newest(children), [child(o) for o in objs if 50 <= slot(o) < 200])
+    assert primary.part_ids() == [merged] and len(children.part_ids()) == 1
+    assert {k.name for k in primary.store.keys()} == kept
+    assert drain(queue) == [changed["metadata"]["name"]]      # only what changed
+    assert not caches.consolidate_if_due()
+    clock.advance(60)
+    assert not caches.consolidate_if_due()          # one part, selecting what is held
+
+
+def test_slots_lost_while_listing_are_no_longer_pending_and_nothing_held_watches_nothing():
+    clock, primary, children, queue, caches, objs = setup()
+    caches.select(frozenset(range(10)))
+    assert caches.pending_slots() == 10
+    caches.select(frozenset(range(5)))
+    assert caches.pending_slots() == 5
+    caches.select(frozenset())
+    assert caches.pending_slots() == 0
+    assert primary.part_ids() == [] and children.part_ids() == [] and primary.has_synced()
