@@ -489,7 +489,10 @@ class LeaderElector:
         with no holder and a 1 s duration, preconditioned on its
         resourceVersion (a 409 means someone else already has it: left alone).
         Best effort: returns True if the lease was released, never raises for
-        API or connection errors.
+        API or connection errors. Call it only once the work the lease guards
+        has stopped (a standby may lead a second later); otherwise stop run()
+        and let the lease expire (the Manager does so when a reconcile outlives
+        the graceful timeout).
         """
         with self._lock:       # _hold() checks it under the same lock
             self._released = True

@@ -12,7 +12,8 @@ Start order (each step needs the one before):
 
 Stop order is the reverse, and `stop()` is idempotent: `/readyz` turns 503,
 no new reconcile starts, in-flight ones get the graceful timeout, the lease is
-released, then the watches close.
+released if they all finished (else left to expire: one still running may
+write), then the watches close.
 
 Secure metrics (`metrics_secure=True`, controller-runtime's `--metrics-secure`):
 `/metrics` is served over HTTPS and each scrape's bearer token is checked with
@@ -208,9 +209,10 @@ class Manager:
         # Set by the signal handler itself, before the main thread wakes up to
         # call stop(): readiness and the worker gate close at the signal.
         self._draining = threading.Event()
-        # The elector keeps renewing until the drain is over and the lease is
-        # released (as controller-runtime cancels election last): stopping it
-        # with _stop would let the lease lapse under slow in-flight reconciles.
+        # The elector keeps renewing until the drain is over (as controller-runtime
+        # cancels election last): stopping it with _stop would let the lease lapse
+        # under slow in-flight reconciles. Then the lease is released, or left
+        # to expire if a reconcile outlived the drain (see stop()).
         self._elector_stop = threading.Event()
         self._stopped = threading.Event()       # set: stop() has finished
         self._stop_lock = threading.Lock()
@@ -624,15 +626,21 @@ class Manager:
             controller.queue.shutdown(drain=False)
         for recorder, timeout_seconds in self._recorders:
             recorder.close(timeout_seconds)
+        # Idle: the Lease is handed back, so a standby leads (or the others claim
+        # our slots) at once. Not idle: a reconcile may still write, so nothing
+        # is written and the Lease expires as after a crash; the elector stops
+        # renewing either way, and the write guard closes at the renew deadline.
         if self._elector is not None:
             self._elector_stop.set()
-            try:
-                self._elector.release()
-            except Exception:
-                log.exception("releasing the leader lease failed")
+            if idle:
+                try:
+                    self._elector.release()
+                except Exception:
+                    log.exception("releasing the leader lease failed")
+            else:
+                log.warning("leader lease %s/%s not released: left to expire",
+                            self._elector.namespace, self._elector.name)
         if self._member is not None:
-            # Idle: the others claim our slots at once. Not idle: a reconcile may
-            # still write, so the member Lease is left to expire, as after a crash.
             self._member.leave(release=idle)
         for watches in self._deletion_watches.values():
             watches.stop()

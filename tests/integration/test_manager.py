@@ -6,7 +6,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
-from k8s_http import CONFIGMAPS, SERVICES, Manager, ObjectKey, Projection, Result
+from k8s_http import CONFIGMAPS, LEASES, SERVICES, Manager, ObjectKey, Projection, Result
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.wait import eventually
 
@@ -120,6 +120,52 @@ def test_graceful_timeout_exceeded_gives_a_non_zero_exit_code(server):
         assert mgr.stop() == 1
     finally:
         release.set()
+
+
+def _leader_lease_writes_on_stop(server, *, stuck: bool):
+    """Stop a leader whose one reconcile is `stuck` past the graceful timeout
+    (or returns at once): its exit code, the Lease afterwards, the Lease
+    writes stop() made, and its identity."""
+    server.create_object(CONFIGMAPS.path(NS), {"metadata": {"name": "cm"}, "data": {}})
+    started, release = threading.Event(), threading.Event()
+    mgr = _manager(server, graceful_shutdown_timeout_seconds=0.5, leader_elect=True,
+                   leader_election_namespace=NS)
+
+    def reconcile(key):
+        started.set()
+        if stuck:
+            release.wait(30)
+
+    mgr.add_controller(CONFIGMAPS, reconcile, workers=1)
+    mgr.start()
+    try:
+        assert started.wait(10), "the reconcile never started (no lease?)"
+        lease_path = LEASES.path(NS, "test")
+        server.clear_requests()
+        code = mgr.stop()
+        writes = [r.json()["spec"] for r in server.requests_for("PUT", lease_path)]
+        for thread in mgr._threads:
+            thread.join(10)
+        assert not any(t.is_alive() for t in mgr._threads), "the elector still runs"
+        return code, server.get_object(lease_path)["spec"], writes, mgr._elector.identity
+    finally:
+        release.set()
+
+
+def test_a_leader_stopped_with_a_reconcile_still_running_leaves_its_lease_to_expire(server):
+    """The stuck reconcile may still write: handing the Lease back would let the
+    next leader start beside it. Nothing is written; the Lease expires."""
+    code, spec, writes, me = _leader_lease_writes_on_stop(server, stuck=True)
+    assert code == 1
+    assert spec["holderIdentity"] == me
+    assert all(w["holderIdentity"] == me for w in writes), writes
+
+
+def test_a_leader_stopped_idle_hands_its_lease_back(server):
+    code, spec, writes, me = _leader_lease_writes_on_stop(server, stuck=False)
+    assert code == 0
+    assert spec["holderIdentity"] == "" and spec["leaseDurationSeconds"] == 1
+    assert writes[-1]["holderIdentity"] == ""
 
 
 def test_resync_re_enqueues_every_primary_key(server):
