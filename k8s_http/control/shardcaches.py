@@ -9,7 +9,8 @@ per batch of slots gained together (docs/SHARDING.md, section 6):
   listed in every informer (a `My` is never reconciled before its children
   are cached), then queued low, as a first list's keys are.
 - Losing slots narrows the parts' filters at once: their objects leave the
-  caches. Their watches still select the lost slots on the server.
+  caches. Their watches still select the lost slots on the server. A part
+  still making its first list starts again on the slots it keeps.
 - Consolidation: once nothing is pending, and the parts are more than one or
   select more than is held, for CONSOLIDATE_AFTER_SECONDS, one part for all
   the held slots replaces them. It lists in the background while they serve,
@@ -123,24 +124,34 @@ class ShardCaches:
             touched = [p for p in self._parts if p.slots & lost]
             for part in touched:
                 part.slots = part.slots - lost
-            emptied = [p for p in touched if not p.slots]
-            self._parts = [p for p in self._parts if p.slots]
             for slot in lost:
                 self._pending.pop(slot, None)
+            # A part still making its first list starts again on what it keeps:
+            # nothing of it is served yet, and the server then sends only that
+            # (a replica that claimed every slot at start-up, alone for a moment,
+            # would otherwise list them all before it may serve its share).
+            again = [p for p in touched if p.slots and p.waiting and not p.replaces]
+            self._parts = [p for p in self._parts if p.slots and p not in again]
         for part in touched:
             for informer, part_id in part.ids.items():
-                if part.slots:
+                if part.slots and part not in again:
                     informer.narrow_part(part_id, self._keep(informer, part.slots))
                 else:
                     informer.remove_part(part_id)
-        if emptied:
-            log.debug("dropped %d parts whose slots all left", len(emptied))
+        for part in again:
+            self._add(part.slots, replaces=[], carried=part)
 
-    def _add(self, slots: frozenset[int], replaces: list[_SlotPart]) -> None:
+    def _add(self, slots: frozenset[int], replaces: list[_SlotPart],
+             carried: _SlotPart | None = None) -> None:
+        """A part for `slots` in every sharded informer; `carried`: the part it
+        starts again, whose deferred keys become its own."""
         part = _SlotPart(slots, replaces, self._clock())
         informers = self.informers()
         with self._lock:
             part.waiting = set(informers)
+            if carried is not None:
+                part.deferred, carried.deferred = carried.deferred, []
+                part.since = carried.since
             if not replaces:
                 for slot in slots:
                     self._pending[slot] = part

@@ -135,3 +135,20 @@ def test_slots_lost_while_listing_are_no_longer_pending_and_nothing_held_watches
     caches.select(frozenset())
     assert caches.pending_slots() == 0
     assert primary.part_ids() == [] and children.part_ids() == [] and primary.has_synced()
+
+
+def test_a_part_losing_slots_before_its_first_list_starts_again_on_what_it_keeps():
+    clock, primary, children, queue, caches, objs = setup()
+    caches.select(frozenset(range(256)))            # alone for a moment: every slot
+    assert caches.defer(3, queue, ObjectKey("ns", "early"))
+    caches.select(frozenset(range(80)))             # the others joined before it listed
+    (part_id,) = primary.part_ids()
+    assert primary._parts[part_id].watchers["ns"]._shard == {
+        "shard_selector": shards.ranges_of_slots(range(80)).shard_selector()}
+    assert caches.pending_slots() == 80
+    list_part(primary, part_id, objs)
+    list_part(children, newest(children), [child(o) for o in objs if slot(o) < 80])
+    assert caches.pending_slots() == 0
+    assert "early" in drain(queue)                  # what waited is carried over
+    assert {k.name for k in primary.store.keys()} == {
+        o["metadata"]["name"] for o in objs if slot(o) < 80}
