@@ -132,12 +132,12 @@ class _NameInformer(Informer):
         self._key = key
         self._on_gone = on_gone
 
-    def _on_sync(self, namespace: str | None, items: list) -> None:
-        super()._on_sync(namespace, items)
+    def _on_sync(self, namespace: str | None, items: list, part=None) -> None:
+        super()._on_sync(namespace, items, part)
         self._check()
 
-    def _on_event(self, type_: str, obj: dict) -> None:
-        super()._on_event(type_, obj)
+    def _on_event(self, type_: str, obj: dict, part=None) -> None:
+        super()._on_event(type_, obj, part)
         self._check()
 
     def _check(self) -> None:
