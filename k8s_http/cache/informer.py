@@ -31,7 +31,7 @@ from ..core.backoff import Backoff
 from ..core.objects import ObjectKey, Resource, controller_of, key_of, meta_of
 from ..ops.metrics import Metrics
 from ..wire.defaults import WATCH_STALL_TIMEOUT_SECONDS
-from .store import Fields, StoreList, Store
+from .store import Fields, StoreList, Store, nothing_cached
 from .watcher import Watcher
 from .watchstep import STALLS_UNHEALTHY
 
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 LOW_PRIORITY = -100
 
 _KEY_FIELDS = (("metadata", "namespace"), ("metadata", "name"))
+_UNFILTERED = object()      # _on_sync: a list no filter has seen yet
 
 
 Mapper = Callable[[dict], Iterable[ObjectKey]]
@@ -283,7 +284,7 @@ class Informer:
                      shard_selector: str | None) -> Watcher:
         return Watcher(
             self._client, self.resource, namespace=ns, label_selector=label_selector,
-            on_sync=lambda items: self._deliver(part, ns, self._on_sync, ns, items, part),
+            on_sync=lambda items: self._deliver_list(part, ns, items),
             on_event=lambda type_, obj: self._deliver(part, ns, self._on_event, type_, obj, part),
             backoff=self._backoff_factory() if self._backoff_factory else None,
             shard_selector=shard_selector, **self._watcher_args)
@@ -301,19 +302,14 @@ class Informer:
         """Objects the client-side filters (the parts' `keep`) have kept out of the cache."""
         return self._dropped
 
-    def _filtered(self, keep: Callable[[dict], bool] | None, items):
-        """A list's items `keep` keeps (the same list when it keeps all)."""
+    def _filtered(self, keep: Callable[[dict], bool] | None, items) -> tuple[StoreList, int]:
+        """(a list's items `keep` keeps, how many it dropped); the same list
+        when it keeps all. The objects stay as the watcher stored them."""
         listing = items if isinstance(items, StoreList) else self.store.new_list(items)
         if keep is None:
-            return listing
-        kept = self.store.new_list([])
-        total = 0
-        for obj in listing.objects():
-            total += 1
-            if keep(obj):
-                kept.append(obj)
-        self._dropped += total - len(kept)
-        return kept
+            return listing, 0
+        kept, dropped = listing.split(keep)
+        return kept, len(dropped)
 
     @property
     def watchers(self) -> list[Watcher]:
@@ -371,19 +367,35 @@ class Informer:
         if first_complete:
             self._part_listed(part)
 
+    def _deliver_list(self, part: _Part, scope: str | None, items: StoreList) -> None:
+        """A watcher's list: filtered by its part's `keep` first, outside the
+        delivery lock (the slow part of a large list: the other parts' events
+        are not held back meanwhile), then delivered."""
+        keep = part.keep
+        kept, dropped = self._filtered(keep, items)
+        self._deliver(part, scope, self._on_sync, scope, kept, part, (keep, dropped))
+
     def _sole_part(self) -> _Part:
         (part,) = self._parts.values()
         return part
 
     def _on_sync(self, namespace: str | None, items: StoreList | list,
-                 part: _Part | None = None) -> None:
-        """A list of `part` (default: the only part) for `namespace`."""
+                 part: _Part | None = None,
+                 filtered: tuple[Callable[[dict], bool] | None, int] | None = None) -> None:
+        """A list of `part` (default: the only part) for `namespace`.
+        `filtered`: (the filter `items` passed already, how many it dropped);
+        if the part's filter changed since, they are filtered again."""
         # One way: the store replaces (deleting what vanished), and the keys of
         # both the listed and the vanished objects go to the queues from here;
         # nothing goes back to the watcher. The watchers fill a StoreList of the
         # store's as a list arrives, so a long list is never held as dicts.
         part = part or self._sole_part()
-        listing = self._filtered(part.keep, items)
+        passed, dropped = filtered if filtered is not None else (_UNFILTERED, 0)
+        listing = items
+        if passed is not part.keep:
+            listing, more = self._filtered(part.keep, items)
+            dropped += more
+        self._dropped += dropped
         # What the cache had a view of: all of it at a relist; at a first list,
         # nothing for a new part (start-up, slots taken over), and all of it for
         # a part that replaces others (what they cached is judged as a relist judges).
@@ -393,9 +405,12 @@ class Informer:
         unchanged: set[ObjectKey] | None = None if out_of_view else set()
         # A part's list speaks for its own objects alone: those of the parts it
         # replaces are its own too; the others' are not in scope.
+        # A new part's first list: nothing cached is its own (no filter took
+        # its objects before it), so there is nothing to compare or remove.
         alone = all(p is part or p in part.replaced for p in self._parts.values())
+        within = None if alone else nothing_cached if out_of_view else self._owned_by(part)
         vanished = self.store.replace(listing, namespace=namespace, unchanged=unchanged,
-                                      within=None if alone else self._owned_by(part))
+                                      within=within)
         for old in part.replaced:
             old.superseded.add(namespace)
         self._cache_objects.set(len(self.store))

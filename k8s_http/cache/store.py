@@ -146,6 +146,12 @@ class _ByNamespace:
         return self._count
 
 
+def nothing_cached(obj: dict) -> bool:
+    """Store.replace(within=nothing_cached): no cached object is in scope, the
+    list only adds (known without looking at any)."""
+    return False
+
+
 class StoreList:
     """A list's objects on their way into one Store (`Store.new_list`), each kept
     in the store's form as it is appended: a list of 100,000 objects is never
@@ -501,7 +507,9 @@ class Store:
         filed = {key: self._index_values(self._restore(stored))
                  for key, stored in incoming.items()} if self._indexers else {}
         scope: list[ObjectKey] | None = None
-        if within is not None:      # judged outside the lock, as the indexing above
+        if within is nothing_cached:
+            scope = []
+        elif within is not None:    # judged outside the lock, as the indexing above
             with self._lock:
                 candidates = self._objects.items(namespace)
             scope = [key for key, stored in candidates if within(self._restore(stored))]
