@@ -37,6 +37,7 @@ import time
 from typing import Callable, Mapping, NamedTuple
 
 from k8s_http import (
+    AWAITS_RECONCILE_READS,
     EventRecorder,
     GenerationMemo,
     DEPLOYMENTS,
@@ -57,6 +58,7 @@ from k8s_http import (
     StatusHold,
     Store,
     TerminalError,
+    awaits_reconcile,
     config_hash,
     queued_seconds,
     controller_of,
@@ -757,7 +759,8 @@ def main(argv: list[str] | None = None) -> int:
                               slot_label=SLOT_LABEL if args.shards == "auto" else None)
     mgr.add_controller(MY, reconciler, owns=[DEPLOYMENTS, SERVICES],
                        owns_label_selector=MANAGED_SELECTOR, workers=args.workers,
-                       transforms=PROJECTIONS)
+                       transforms=PROJECTIONS, urgent=awaits_reconcile,
+                       urgent_reads=AWAITS_RECONCILE_READS)
     # A port in use or an address this host does not have is a flag problem,
     # reported as one.
     return run_manager(mgr, NAME)

@@ -18,9 +18,10 @@ from .core.errors import (AlreadyExistsError, ApiConnectionError, ApiError, ApiT
                           UnauthorizedError, has_status_cause, is_namespace_terminating)
 from .core.names import (is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_env_var_name,
                          is_resource_name)
-from .core.objects import (CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, LEASES, NAMESPACES, PODS,
-                           REPLICASETS, SECRETS, SERVICEACCOUNTS, SERVICES, ObjectKey, Resource,
-                           add_finalizer, controller_of, get_condition, has_finalizer,
+from .core.objects import (AWAITS_RECONCILE_READS, CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS,
+                           LEASES, NAMESPACES, PODS, REPLICASETS, SECRETS, SERVICEACCOUNTS,
+                           SERVICES, ObjectKey, Resource, add_finalizer, awaits_reconcile,
+                           controller_of, get_condition, has_finalizer,
                            is_controlled_by, key_of, meta_of, owner_reference, remove_finalizer,
                            resource_version_of, rfc3339_now, set_condition, strip_managed_fields)
 from .core.quantity import parse_quantity, same_quantity
@@ -59,6 +60,7 @@ __all__ = [
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
+    "awaits_reconcile", "AWAITS_RECONCILE_READS",
     "parse_quantity", "same_quantity", "needs_apply", "port_key", "with_config_hash",
     "slot_of", "slot_label_value",
     "config_hash",

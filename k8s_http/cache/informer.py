@@ -176,6 +176,10 @@ class Informer:
         self._cache_objects = self._metrics.cache_objects.labels(self._label)
         self._handlers: list[tuple[Mapper, object]] = []
         self._mapped_fields: Fields | None = None  # see add_handler
+        # Per handler (see add_handler): its urgent test and that test's reads.
+        self._urgent: list[Callable[[dict], bool] | None] = []
+        self._urgent_reads: list[Fields | None] = []
+        self._listed_fields: Fields | None = None  # the mappers' and the urgent tests' reads
         self._sync_listeners: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._started = False
@@ -318,14 +322,21 @@ class Informer:
 
     # ---- handlers ----
 
-    def add_handler(self, mapper: Mapper, queue) -> None:
+    def add_handler(self, mapper: Mapper, queue, *, urgent: Callable[[dict], bool] | None = None,
+                    urgent_reads: Fields | None = None) -> None:
         """Add mapper(obj) to queue on every add, update and delete (vanished objects included).
 
         Add handlers before start(): the initial list is delivered to the handlers
         present at that time. The queue needs add(key); with add_many(keys, *,
         priority=0) as well (WorkQueue), a list's keys go in one call per priority.
+        `urgent`: a list's objects it is true of are queued at priority 0 where
+        the list's would go low (e.g. objects.awaits_reconcile: a `My` created
+        while no replica watched its slot is not served after the unchanged
+        ones); `urgent_reads`: the fields it reads (else objects are built whole).
         """
         self._handlers.append((mapper, queue))
+        self._urgent.append(urgent)
+        self._urgent_reads.append(tuple(tuple(p) for p in urgent_reads) if urgent_reads else None)
         # When every mapper says what it reads (own_key, owner_key are KeyMappers),
         # the objects handed to them are built with those fields alone: for
         # owner_key, a Deployment's namespace and ownerReferences instead of the
@@ -334,6 +345,15 @@ class Informer:
         reads = [m.reads if isinstance(m, KeyMapper) else None for m, _ in self._handlers]
         self._mapped_fields = (tuple(dict.fromkeys(p for r in reads for p in r))
                                if all(reads) else None)
+        # A list's low objects are built with the urgent tests' reads as well.
+        tested = [r for u, r in zip(self._urgent, self._urgent_reads) if u is not None]
+        if not tested or self._mapped_fields is None:
+            self._listed_fields = self._mapped_fields
+        elif any(r is None for r in tested):
+            self._listed_fields = None
+        else:
+            self._listed_fields = tuple(dict.fromkeys(
+                (*self._mapped_fields, *(path for r in tested for path in r))))
 
     def add_sync_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` (on a watcher's thread) each time a (re)list leaves the
@@ -428,7 +448,7 @@ class Informer:
                 # Replacing parts that watched all along: nothing unchanged was missed.
                 low = self.store.new_list()
         self._enqueue(itertools.chain(changed.objects(fields=self._mapped_fields), vanished))
-        self._enqueue(low.objects(fields=self._mapped_fields), priority=LOW_PRIORITY)
+        self._enqueue(low.objects(fields=self._listed_fields), priority=LOW_PRIORITY, listed=True)
 
     def _part_listed(self, part: _Part) -> None:
         """`part` has listed every namespace once: the parts it replaces go
@@ -472,27 +492,37 @@ class Informer:
         self._enqueue((change.new, change.old) if change.old is not None else (change.new,),
                       skip=skip)
 
-    def _enqueue(self, objs: Iterable[dict], *,
-                 skip: tuple[object, ObjectKey] | None = None, priority: int = 0) -> None:
+    def _enqueue(self, objs: Iterable[dict], *, skip: tuple[object, ObjectKey] | None = None,
+                 priority: int = 0, listed: bool = False) -> None:
         """The keys the mappers find in `objs` to every handler's queue, each key
         once per queue; a queue with `add_many` (WorkQueue) takes them in one
         call: a relist's tens of thousands of keys cost one lock and one wake-up
         per queue instead of one each. `skip`: (queue, key) not to add.
-        `priority` (not 0) goes to add_many(); a queue with add() alone gets plain adds."""
+        `priority` (not 0) goes to add_many(); a queue with add() alone gets plain adds.
+        `listed`: a list's low keys, raised to 0 for the objects a handler's
+        `urgent` test is true of."""
         found: list[list[ObjectKey]] = [[] for _ in self._handlers]
+        raised: list[list[ObjectKey]] = [[] for _ in self._handlers]
         for obj in objs:
-            for (mapper, _), keys in zip(self._handlers, found):
-                keys.extend(self._keys(mapper, obj))
-        for (_, queue), listed in zip(self._handlers, found):
-            keys = dict.fromkeys(listed)
-            if skip is not None and skip[0] is queue:
-                keys.pop(skip[1], None)
-            add_many = getattr(queue, "add_many", None)
-            if add_many is None:
-                for key in keys:
-                    queue.add(key)
-            elif keys:
-                add_many(keys, priority=priority) if priority else add_many(keys)
+            for (mapper, _), urgent, keys, up in zip(self._handlers, self._urgent, found, raised):
+                into = up if listed and urgent is not None and urgent(obj) else keys
+                into.extend(self._keys(mapper, obj))
+        for (_, queue), listed_keys, up in zip(self._handlers, found, raised):
+            self._add_keys(queue, up, 0, None)
+            self._add_keys(queue, listed_keys, priority, skip)
+
+    @staticmethod
+    def _add_keys(queue, listed: list[ObjectKey], priority: int,
+                  skip: tuple[object, ObjectKey] | None) -> None:
+        keys = dict.fromkeys(listed)
+        if skip is not None and skip[0] is queue:
+            keys.pop(skip[1], None)
+        add_many = getattr(queue, "add_many", None)
+        if add_many is None:
+            for key in keys:
+                queue.add(key)
+        elif keys:
+            add_many(keys, priority=priority) if priority else add_many(keys)
 
     @staticmethod
     def _keys(mapper: Mapper, obj: dict) -> list[ObjectKey]:

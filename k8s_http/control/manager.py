@@ -264,8 +264,9 @@ class Manager:
                        label_selector: str | None = None, workers: int = 4,
                        name: str | None = None,
                        reconcile_timeout_seconds: float | None = None,
-                       transforms: Mapping[Resource, Callable[[dict], dict]] | None = None
-                       ) -> None:
+                       transforms: Mapping[Resource, Callable[[dict], dict]] | None = None,
+                       urgent: Callable[[dict], bool] | None = None,
+                       urgent_reads: Iterable[Iterable[str]] | None = None) -> None:
         """Reconcile `resource` objects; changes to `owns` objects map to their controlling owner.
 
         `transforms`: per resource (primary or owned), what its cache keeps of each
@@ -273,6 +274,11 @@ class Manager:
         `owns_label_selector` narrows the owned watches server-side so the
         cache holds only our children (e.g. a managed-by label).
         `reconcile_timeout_seconds`: failures past it count as timeouts (runner.py).
+        `urgent` (with the fields it reads, `urgent_reads`): the primary objects
+        of a list it is true of are queued ahead of the list's others (which go
+        low), e.g. `awaits_reconcile` with `AWAITS_RECONCILE_READS`: a `My`
+        created while the operator restarted, or while its slot's owner was
+        dead, is not served after thousands of unchanged ones.
         """
         if self._started:
             raise RuntimeError("add_controller() after start()")
@@ -290,7 +296,7 @@ class Manager:
                 raise ValueError(f"the informer for {watched} already has another transform")
         queue = WorkQueue(name, metrics=self.metrics, clock=self._clock)
         primary = self._informer(resource, label_selector, transforms.get(resource))
-        primary.add_handler(own_key, queue)
+        primary.add_handler(own_key, queue, urgent=urgent, urgent_reads=urgent_reads)
         informers = [primary]
         for owned in owns:
             informer = self._informer(owned, owns_label_selector, transforms.get(owned))
@@ -300,7 +306,7 @@ class Manager:
                 self._shard_caches.add_children(informer, owns_label_selector)
         if self._shard_caches is not None:
             self._shard_caches.add_primary(primary)
-            reconcile = self._sharded(reconcile, primary, queue)
+            reconcile = self._sharded(reconcile, primary, queue, urgent)
         runner = Runner(name, queue, reconcile, workers=workers, metrics=self.metrics,
                         clock=self._clock, can_start=self._may_reconcile,
                         log_context=functools.partial(reconcile_context, kind=resource.kind,
@@ -311,8 +317,9 @@ class Manager:
                                                                "ok" if r.threads_alive()
                                                                else "a worker thread died"))
 
-    def _sharded(self, reconcile: Callable[[ObjectKey], Result | None],
-                 primary: Informer, queue: WorkQueue) -> Callable[[ObjectKey], Result | None]:
+    def _sharded(self, reconcile: Callable[[ObjectKey], Result | None], primary: Informer,
+                 queue: WorkQueue, urgent: Callable[[dict], bool] | None
+                 ) -> Callable[[ObjectKey], Result | None]:
         """The reconcile of a sharded controller: only for objects of held slots
         (a key of another slot is dropped: its owner has it), writes fenced by
         slot, and counted in flight so a release waits for it. A key of a slot
@@ -329,7 +336,8 @@ class Manager:
             obj = primary.store.get(key)
             slot = (_shards.slot_of_hash(_shards.object_hash(obj)) if obj is not None
                     else UNCACHED)
-            if slot != UNCACHED and caches.defer(slot, queue, key):
+            if slot != UNCACHED and caches.defer(slot, queue, key,
+                                                 urgent=urgent is not None and urgent(obj)):
                 return None
             with member.working(slot) as mine:
                 if not mine:

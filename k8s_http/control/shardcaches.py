@@ -7,7 +7,8 @@ per batch of slots gained together (docs/SHARDING.md, section 6):
   slots' watches go on, and so do the reconciles of their objects, while the
   new part lists. The keys of a gained slot are deferred until its part has
   listed in every informer (a `My` is never reconciled before its children
-  are cached), then queued low, as a first list's keys are.
+  are cached), then queued as a first list's keys are: low, but for the
+  objects the controller's urgent test picks (a `My` awaiting its reconcile).
 - Losing slots narrows the parts' filters at once: their objects leave the
   caches. Their watches still select the lost slots on the server. A part
   still making its first list starts again on the slots it keeps.
@@ -59,7 +60,7 @@ class _SlotPart:
         self.selected = slots
         self.ids: dict[Informer, int] = {}
         self.waiting: set[Informer] = set()
-        self.deferred: list[tuple[object, ObjectKey]] = []
+        self.deferred: list[tuple[object, ObjectKey, bool]] = []    # (queue, key, urgent)
         self.replaces = replaces
         self.since = since
 
@@ -195,22 +196,24 @@ class ShardCaches:
                 part.replaces = []
         log.info("cached %d slots in %.3f s (%d keys were waiting for them)", len(part.slots),
                  self._clock() - part.since, len(deferred))
-        by_queue: dict[int, tuple[object, list[ObjectKey]]] = {}
-        for queue, key in deferred:
-            by_queue.setdefault(id(queue), (queue, []))[1].append(key)
-        for queue, keys in by_queue.values():
-            queue.add_many(dict.fromkeys(keys), priority=LOW_PRIORITY)
+        by_queue: dict[tuple[int, int], tuple[object, int, list[ObjectKey]]] = {}
+        for queue, key, urgent in deferred:
+            priority = 0 if urgent else LOW_PRIORITY
+            by_queue.setdefault((id(queue), priority), (queue, priority, []))[2].append(key)
+        for queue, priority, keys in by_queue.values():
+            queue.add_many(dict.fromkeys(keys), priority=priority)
 
     # ---- the workers ----
 
-    def defer(self, slot: int, queue, key: ObjectKey) -> bool:
+    def defer(self, slot: int, queue, key: ObjectKey, *, urgent: bool = False) -> bool:
         """True if `slot`'s part is still listing: `key` is held back and queued
-        again once it has (the caller skips this reconcile)."""
+        again once it has (the caller skips this reconcile), low unless `urgent`
+        (its object awaits its reconcile: see informer.add_handler)."""
         with self._lock:
             part = self._pending.get(slot)
             if part is None:
                 return False
-            part.deferred.append((queue, key))
+            part.deferred.append((queue, key, urgent))
             return True
 
     def pending_slots(self) -> int:

@@ -234,6 +234,23 @@ def remove_finalizer(obj: dict, name: str) -> bool:
     return True
 
 
+# What awaits_reconcile reads (paths of keys, as informer.KeyMapper's reads).
+AWAITS_RECONCILE_READS = (("metadata", "generation"), ("status", "observedGeneration"))
+
+
+def awaits_reconcile(obj: dict) -> bool:
+    """The object's status does not say it was reconciled at its generation:
+    no status.observedGeneration yet (a new object), or an older one (a spec
+    change not acted on). False without a generation. For resources whose
+    status reports observedGeneration; to any other, every object awaits."""
+    generation = meta_of(obj).get("generation")
+    if generation is None:
+        return False
+    status = obj.get("status")
+    observed = status.get("observedGeneration") if isinstance(status, dict) else None
+    return observed != generation
+
+
 def strip_managed_fields(obj: dict) -> dict:
     """The default cache transform: managedFields are often half of an object's size."""
     meta = obj.get("metadata")

@@ -1417,7 +1417,8 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
     assert seen["controller"] == dict(
         owns=[DEPLOYMENTS, SERVICES],
         owns_label_selector="app.kubernetes.io/managed-by=my-controller", workers=2,
-        transforms=controller.PROJECTIONS)
+        transforms=controller.PROJECTIONS, urgent=controller.awaits_reconcile,
+        urgent_reads=controller.AWAITS_RECONCILE_READS)
 
 
 def test_main_defaults(monkeypatch):

@@ -407,3 +407,41 @@ def test_a_part_replacing_others_takes_their_objects_and_enqueues_only_what_chan
     assert inf.part_ids() == [merged] and listened == [True]
     inf._deliver(old, "ns", inf._on_event, "ADDED", _named("a7"), old)   # late: dropped
     assert sorted(k.name for k in inf.store.keys()) == ["a1", "a2", "a3", "b1"]
+
+
+def test_a_lists_objects_awaiting_their_reconcile_are_not_queued_low():
+    from k8s_http.control.workqueue import WorkQueue
+    from k8s_http.core.objects import AWAITS_RECONCILE_READS, awaits_reconcile
+    seen = []
+
+    def urgent(obj):
+        seen.append(obj)
+        return awaits_reconcile(obj)
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    q = WorkQueue("q")
+    inf.add_handler(own_key, q, urgent=urgent, urgent_reads=AWAITS_RECONCILE_READS)
+
+    def obj(name, generation, observed=None, rv="1"):
+        o = dict(_named(name, rv=rv), status={"replicas": 1})
+        o["metadata"]["generation"] = generation
+        if observed is not None:
+            o["status"]["observedGeneration"] = observed
+        return o
+    done, new, changed = obj("done", 1, 1), obj("new", 1), obj("changed", 2, 1)
+    inf._on_sync("ns", [done, new, changed])           # a first list: low, but for those
+    inf._on_event("ADDED", _named("event"))
+    assert _taken(q) == ["new", "changed", "event", "done"]
+    # Built with the mapper's and the test's fields alone.
+    assert seen[0] == {"metadata": {"name": "done", "namespace": "ns", "generation": 1},
+                       "status": {"observedGeneration": 1}}
+    inf._on_sync("ns", [done, new, obj("changed", 2, 2, rv="2")])   # a relist
+    assert _taken(q) == ["changed", "event", "new", "done"]  # event vanished; new still awaits
+
+
+def test_awaits_reconcile_reads_the_status_observed_generation():
+    from k8s_http.core.objects import awaits_reconcile
+    assert awaits_reconcile({"metadata": {"generation": 1}})
+    assert awaits_reconcile({"metadata": {"generation": 2}, "status": {"observedGeneration": 1}})
+    assert not awaits_reconcile({"metadata": {"generation": 2},
+                                 "status": {"observedGeneration": 2}})
+    assert not awaits_reconcile({"metadata": {}, "status": {}})     # no generation: cannot say

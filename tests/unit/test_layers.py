@@ -272,6 +272,7 @@ EXPECTED_API = [
     "key_of", "controller_of", "is_controlled_by", "owner_reference", "get_condition",
     "set_condition", "has_finalizer", "add_finalizer", "remove_finalizer",
     "strip_managed_fields", "rfc3339_now", "meta_of", "resource_version_of",
+    "awaits_reconcile", "AWAITS_RECONCILE_READS",
     # quantities, and whether a server-side apply would change an object
     "parse_quantity", "same_quantity", "needs_apply", "port_key", "with_config_hash",
     "slot_of", "slot_label_value",

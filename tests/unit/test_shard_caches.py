@@ -152,3 +152,14 @@ def test_a_part_losing_slots_before_its_first_list_starts_again_on_what_it_keeps
     assert "early" in drain(queue)                  # what waited is carried over
     assert {k.name for k in primary.store.keys()} == {
         o["metadata"]["name"] for o in objs if slot(o) < 80}
+
+
+def test_keys_held_back_come_back_low_unless_their_object_awaits_its_reconcile():
+    clock, primary, children, queue, caches, objs = setup()
+    caches.select(frozenset(range(256)))
+    assert caches.defer(1, queue, ObjectKey("ns", "unchanged"))
+    assert caches.defer(2, queue, ObjectKey("ns", "new"), urgent=True)
+    list_part(primary, newest(primary), [])
+    list_part(children, newest(children), [])
+    queue.add(ObjectKey("ns", "event"))
+    assert drain(queue) == ["new", "event", "unchanged"]
