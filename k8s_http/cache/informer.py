@@ -420,7 +420,15 @@ class Informer:
         # nothing for a new part (start-up, slots taken over), and all of it for
         # a part that replaces others (what they cached is judged as a relist judges).
         first = namespace not in part.listed
-        part.listed.add(namespace)
+        try:
+            self._apply_list(part, namespace, listing, first)
+        finally:
+            # Synced (has_synced) once the list is in the store and its keys in
+            # the queues, even if a handler failed on it, as a watcher is.
+            part.listed.add(namespace)
+
+    def _apply_list(self, part: _Part, namespace: str | None, listing: StoreList,
+                    first: bool) -> None:
         out_of_view = first and not part.replaced
         unchanged: set[ObjectKey] | None = None if out_of_view else set()
         # A part's list speaks for its own objects alone: those of the parts it

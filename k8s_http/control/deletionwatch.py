@@ -132,12 +132,13 @@ class _NameInformer(Informer):
         self._key = key
         self._on_gone = on_gone
 
-    def _on_sync(self, namespace: str | None, items: list, part=None) -> None:
-        super()._on_sync(namespace, items, part)
+    # The Informer's handlers, then the check (their arguments are the Informer's).
+    def _on_sync(self, *args) -> None:
+        super()._on_sync(*args)
         self._check()
 
-    def _on_event(self, type_: str, obj: dict, part=None) -> None:
-        super()._on_event(type_, obj, part)
+    def _on_event(self, *args) -> None:
+        super()._on_event(*args)
         self._check()
 
     def _check(self) -> None:
