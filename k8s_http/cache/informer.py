@@ -227,8 +227,10 @@ class Informer:
         covers theirs): they keep serving until this part has listed every
         namespace, then go, their objects kept. `on_synced()`: once, after that
         first complete list (on a watcher's thread, no lock of ours held).
-        A new part's first list is all queued low unless it replaces others:
-        the cache had no view of its objects (docs/SHARDING.md, section 6).
+        A new part's first list is queued low (the cache had no view of its
+        objects), but for what a handler's `urgent` test picks; a part that
+        replaces others enqueues only what changed since they cached it
+        (docs/SHARDING.md, section 10).
         """
         with self._deliver_lock, self._lock:
             replaced = [self._parts[i] for i in replaces if i in self._parts]
