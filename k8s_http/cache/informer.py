@@ -174,12 +174,13 @@ class Informer:
         self._label = str(resource)
         self._metrics.init_resource(self._label)
         self._cache_objects = self._metrics.cache_objects.labels(self._label)
-        self._handlers: list[tuple[Mapper, object]] = []
+        self._handlers: list[tuple[Mapper, object, Callable[[dict], bool] | None]] = []
         self._mapped_fields: Fields | None = None  # see add_handler
-        # Per handler (see add_handler): its urgent test and that test's reads.
-        self._urgent: list[Callable[[dict], bool] | None] = []
-        self._urgent_reads: list[Fields | None] = []
-        self._listed_fields: Fields | None = None  # the mappers' and the urgent tests' reads
+        # What the handlers' urgent tests read, all together (None: not said,
+        # objects are built whole; () without tests), and with the mappers'
+        # reads, the fields a list's low objects are built with (see add_handler).
+        self._urgent_reads: Fields | None = ()
+        self._listed_fields: Fields | None = None
         self._sync_listeners: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._started = False
@@ -193,6 +194,7 @@ class Informer:
             self._scopes = list(dict.fromkeys(namespaces))   # de-duplicated, order kept
             if not self._scopes:
                 raise ValueError("namespaces must be None (all) or a non-empty list")
+        self._scope_set = frozenset(self._scopes)     # what a part lists before it is synced
         self._watcher_args = dict(
             field_selector=field_selector, metrics=self._metrics, clock=clock, rng=rng,
             stall_timeout_seconds=stall_timeout_seconds, page_size=page_size,
@@ -336,26 +338,21 @@ class Informer:
         while no replica watched its slot is not served after the unchanged
         ones); `urgent_reads`: the fields it reads (else objects are built whole).
         """
-        self._handlers.append((mapper, queue))
-        self._urgent.append(urgent)
-        self._urgent_reads.append(tuple(tuple(p) for p in urgent_reads) if urgent_reads else None)
+        self._handlers.append((mapper, queue, urgent))
+        if urgent is not None:
+            self._urgent_reads = (None if not urgent_reads or self._urgent_reads is None else
+                                  (*self._urgent_reads, *(tuple(p) for p in urgent_reads)))
         # When every mapper says what it reads (own_key, owner_key are KeyMappers),
         # the objects handed to them are built with those fields alone: for
         # owner_key, a Deployment's namespace and ownerReferences instead of the
         # whole object, ~1 us less a child at a relist (measured offline, 10,000
         # Deployments), and far less than the whole object.
-        reads = [m.reads if isinstance(m, KeyMapper) else None for m, _ in self._handlers]
+        reads = [m.reads if isinstance(m, KeyMapper) else None for m, _, _ in self._handlers]
         self._mapped_fields = (tuple(dict.fromkeys(p for r in reads for p in r))
                                if all(reads) else None)
-        # A list's low objects are built with the urgent tests' reads as well.
-        tested = [r for u, r in zip(self._urgent, self._urgent_reads) if u is not None]
-        if not tested or self._mapped_fields is None:
-            self._listed_fields = self._mapped_fields
-        elif any(r is None for r in tested):
-            self._listed_fields = None
-        else:
-            self._listed_fields = tuple(dict.fromkeys(
-                (*self._mapped_fields, *(path for r in tested for path in r))))
+        self._listed_fields = (None if self._mapped_fields is None or self._urgent_reads is None
+                               else tuple(dict.fromkeys((*self._mapped_fields,
+                                                         *self._urgent_reads))))
 
     def add_sync_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` (on a watcher's thread) each time a (re)list leaves the
@@ -379,13 +376,12 @@ class Informer:
     def _deliver(self, part: _Part, scope: str | None, handle: Callable, *args) -> None:
         """A watcher's delivery, unless its part is gone or a part replacing it
         has listed this scope (that part speaks for it from then on)."""
-        scopes = set(self._scopes)
         with self._deliver_lock:
             if self._parts.get(part.id) is not part or scope in part.superseded:
                 return
-            listed_before = part.listed >= scopes
+            listed_before = part.listed >= self._scope_set
             handle(*args)
-            first_complete = not listed_before and part.listed >= scopes
+            first_complete = not listed_before and part.listed >= self._scope_set
         if first_complete:
             self._part_listed(part)
 
@@ -514,10 +510,10 @@ class Informer:
         found: list[list[ObjectKey]] = [[] for _ in self._handlers]
         raised: list[list[ObjectKey]] = [[] for _ in self._handlers]
         for obj in objs:
-            for (mapper, _), urgent, keys, up in zip(self._handlers, self._urgent, found, raised):
+            for (mapper, _, urgent), keys, up in zip(self._handlers, found, raised):
                 into = up if listed and urgent is not None and urgent(obj) else keys
                 into.extend(self._keys(mapper, obj))
-        for (_, queue), listed_keys, up in zip(self._handlers, found, raised):
+        for (_, queue, _), listed_keys, up in zip(self._handlers, found, raised):
             self._add_keys(queue, up, 0, None)
             self._add_keys(queue, listed_keys, priority, skip)
 
@@ -597,10 +593,9 @@ class Informer:
     def has_synced(self) -> bool:
         """Every part has finished its first list (a part replacing others lists in
         the background: those it replaces are synced)."""
-        scopes = set(self._scopes)
         with self._lock:
             parts = [part for part in self._parts.values() if not part.replaced]
-        return all(part.listed >= scopes for part in parts)
+        return all(part.listed >= self._scope_set for part in parts)
 
     def stalls(self) -> int:
         """The most stall periods in a row, without progress, of any of this informer's watches."""

@@ -452,11 +452,25 @@ class Store:
         """Remove by key (or by the key of an object); returns the removed object, if any."""
         key = obj_or_key if isinstance(obj_or_key, ObjectKey) else key_of(obj_or_key)
         with self._lock:
-            old = self._objects.pop(key)
-            if old is not None:
-                self._unfile_locked(key, old)
-            self._observe_locked(key, None)
+            old = self._remove_locked(key)
         return None if old is None else self._restore(old)
+
+    def _remove_locked(self, key: ObjectKey) -> object | None:
+        """Drop `key` (its indexes too, and our write's read-your-writes entry);
+        returns its stored form, if it was cached."""
+        old = self._objects.pop(key)
+        if old is not None:
+            self._unfile_locked(key, old)
+        self._observe_locked(key, None)
+        return old
+
+    def _keys_where(self, test: Callable[[dict], bool],
+                    namespace: str | None = None) -> list[ObjectKey]:
+        """The keys of the cached objects (of `namespace`) `test` is true of,
+        judged outside the lock: restoring thousands must not block readers."""
+        with self._lock:
+            candidates = self._objects.items(namespace)
+        return [key for key, stored in candidates if test(self._restore(stored))]
 
     def remove_where(self, test: Callable[[dict], bool]) -> list[dict]:
         """Remove every object `test` is true of; returns them (as `replace`
@@ -464,17 +478,9 @@ class Store:
         selection narrowed. The test runs outside the lock on the objects as
         cached; a caller that also writes must not write meanwhile (an informer
         holds its delivery lock)."""
+        doomed = self._keys_where(test)
         with self._lock:
-            candidates = self._objects.items()
-        doomed = [key for key, stored in candidates if test(self._restore(stored))]
-        removed = []
-        with self._lock:
-            for key in doomed:
-                old = self._objects.pop(key)
-                if old is not None:
-                    self._unfile_locked(key, old)
-                    removed.append(old)
-                self._observe_locked(key, None)
+            removed = [old for key in doomed if (old := self._remove_locked(key)) is not None]
         return [self._restore(s) for s in removed]
 
     def replace(self, objects: Iterable | StoreList, *, namespace: str | None = None,
@@ -509,10 +515,8 @@ class Store:
         scope: list[ObjectKey] | None = None
         if within is nothing_cached:
             scope = []
-        elif within is not None:    # judged outside the lock, as the indexing above
-            with self._lock:
-                candidates = self._objects.items(namespace)
-            scope = [key for key, stored in candidates if within(self._restore(stored))]
+        elif within is not None:
+            scope = self._keys_where(within, namespace)
         with self._lock:
             # Replaced: everything in scope, plus any key the new list holds.
             objects = self._objects
