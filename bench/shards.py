@@ -297,7 +297,7 @@ def set_gate(cluster, gate: str) -> dict:
             "quiet_wait_seconds": cluster.wait_quiet(timeout_seconds=180)}
 
 
-def victim_slots(cluster, pod_name: str) -> frozenset[int]:
+def lease_slots(cluster, pod_name: str) -> frozenset[int]:
     lease = cluster.client.get(LEASES, f"{APP}-member-{pod_name}", namespace=RING_NAMESPACE)
     return decode_slots(((lease.get("metadata") or {}).get("annotations") or {})
                         .get(SLOTS_ANNOTATION))
@@ -341,11 +341,12 @@ def failover(cluster, ops: list[ShardReplica], args) -> dict:
     with ThreadPoolExecutor(args.load_threads) as pool:
         futures = [pool.submit(create, i, name) for i, name in enumerate(names)]
         time.sleep(max(0.0, t0 + args.kill_at - time.monotonic()))
-        dead_slots = victim_slots(cluster, victim.pod_name)
+        dead_slots = lease_slots(cluster, victim.pod_name)
         victim.proc.kill()
         killed = time.monotonic()
+        wall_at_kill = time.time()
         log(f"  SIGKILL {victim.pod_name} ({len(dead_slots)} slots) at {killed - t0:.1f} s")
-        samples = follow(survivors, killed, converged, max(args.poll_seconds, 0.25),
+        samples = follow(cluster, survivors, killed, converged, max(args.poll_seconds, 0.25),
                          t0 + args.stream_seconds + args.stream_timeout_seconds)
     observer.stop()
     victim.stop()
@@ -357,20 +358,47 @@ def failover(cluster, ops: list[ShardReplica], args) -> dict:
                  else killed + recovery["recovered_after_kill"])
     figures = analysis.failover_figures(per.created, per.first_status, slots, dead_slots,
                                         killed, recovered, slow_factor=args.slow_factor)
+    owners = {slot: op.pod_name for op in survivors
+              for slot in lease_slots(cluster, op.pod_name)}
+    timeline = stream_timeline(per, slots, owners, dead_slots, killed,
+                               cluster.counter.first_writes(mark, set(slots)), wall_at_kill)
+    figures["by_creation"] = analysis.waits_by_creation(timeline, figures.get("threshold_seconds"))
     return {"created": count - len(failures), "create_failures": failures[:10],
             "victim": victim.pod_name, "victim_slots": len(dead_slots),
             "killed_at": killed - t0, "recovery": recovery,
             "not_converged": len(set(slots) - set(per.first_status)),
             "object_writes": sum(n for what, n in counts.by_kind.items()
                                  if not what.endswith((" leases", " events"))),
-            "survivors_samples": samples, **figures}
+            "survivors_samples": samples, "timeline": timeline, **figures}
 
 
-def follow(survivors: list[ShardReplica], killed: float, done, poll: float,
+def stream_timeline(per: PerObject, slots: dict[str, int], owners: dict[int, str],
+                    dead_slots: frozenset[int], killed: float,
+                    writes: dict[str, dict[str, tuple]], wall_at_kill: float) -> list[dict]:
+    """One row per `My` of the stream, times in seconds since the kill: its create sent,
+    the operator's first apply of its Deployment as the apiserver received it (the
+    reconcile had started: before it, watch delivery and the queue), its first status
+    write done (apiserver), and that status seen by the bench's watch. `owner`: the
+    survivor holding its slot at the end; `dead`: in the killed replica's slots."""
+    def rel(wall):
+        return None if wall is None else round(wall - wall_at_kill, 3)
+    rows = []
+    for name, slot in sorted(slots.items(), key=lambda item: per.created[item[0]]):
+        first = writes.get(name, {})
+        status = per.first_status.get(name)
+        rows.append({
+            "name": name, "slot": slot, "dead": slot in dead_slots, "owner": owners.get(slot),
+            "created": round(per.created[name] - killed, 3),
+            "deployment_applied": rel((first.get("patch deployments") or (None,))[0]),
+            "status_written": rel((first.get("patch my/status") or (None, None))[1]),
+            "seen": None if status is None else round(status - killed, 3)})
+    return rows
+
+def follow(cluster, survivors: list[ShardReplica], killed: float, done, poll: float,
            deadline: float) -> list[dict]:
     """The survivors after the kill, every `poll` seconds until `done()` (or the
-    deadline): /readyz, slots held and work queue depth of each (analysis.recovery
-    reads them). Less often than at start-up: each sample reads their /metrics while
+    deadline): /readyz, slots held, work queue depth and CPU seconds of each
+    (analysis.recovery reads them), and the plane's processes' CPU seconds. Less often than at start-up: each sample reads their /metrics while
     they serve the stream."""
     samples = []
     while not done() and time.monotonic() < deadline:
@@ -380,8 +408,11 @@ def follow(survivors: list[ShardReplica], killed: float, done, poll: float,
             held.append(metrics.get("k8s_http_shard_slots_held", 0.0))
             queued.append(sum(v for k, v in metrics.items() if k.startswith("workqueue_depth")))
             ready.append(op.readyz_ok())
+        cpu = [round(op.cpu_seconds(), 2) for op in survivors]
+        plane = cluster.process_cpu()
         samples.append({"t": round(time.monotonic() - killed, 2), "ready": ready,
-                        "held": held, "queued": queued})
+                        "held": held, "queued": queued, "cpu": cpu,
+                        "plane_cpu": {k: round(v, 2) for k, v in plane.items()}})
         time.sleep(poll)
     return samples
 

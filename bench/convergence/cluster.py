@@ -167,6 +167,35 @@ class AuditLog:
                 counts.reads_by_kind[f"{verb} {what}"] += 1
         return counts
 
+    def first_writes(self, mark: int, names: set[str]) -> dict[str, dict[str, tuple]]:
+        """name -> {"patch deployments": (received, done), ...}: the operator's first
+        write of each kind on an object named in `names`, since `mark`, as wall-clock
+        seconds of the apiserver (received, and the response complete)."""
+        out: dict[str, dict[str, tuple]] = {}
+        with open(self.path, "rb") as f:
+            f.seek(mark)
+            data = f.read()
+        for line in data.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            ref = event.get("objectRef") or {}
+            name, verb = ref.get("name"), event.get("verb", "")
+            if name not in names or verb not in WRITE_VERBS or \
+                    (event.get("userAgent") or "").startswith(BENCH_USER_AGENT):
+                continue
+            what = f"{verb} {ref.get('resource', '?')}" + (
+                "/" + ref["subresource"] if ref.get("subresource") else "")
+            try:
+                received, done = (datetime.fromisoformat(event[k].replace("Z", "+00:00"))
+                                  .timestamp() for k in ("requestReceivedTimestamp",
+                                                         "stageTimestamp"))
+            except (KeyError, TypeError, ValueError):
+                continue
+            out.setdefault(name, {}).setdefault(what, (received, done))
+        return out
+
 
 _SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

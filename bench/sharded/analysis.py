@@ -8,6 +8,9 @@
   replica's (ratio per replica, the largest);
 - `failover_figures(...)`: the creation stream around a SIGKILL, split into
   undisturbed, around the kill (waited or not) and after;
+- `waits_by_creation(timeline, threshold)`: the survivors' own part of the stream
+  in windows of creation time, each wait split into where it went;
+  `cores_by_window(samples)`: the cores the survivors and the plane used meanwhile;
 - `goals(...)`: issue 37 item 5's goals on one run's figures.
 """
 
@@ -149,6 +152,73 @@ def failover_figures(created: Mapping[str, float], converged: Mapping[str, float
         "around_in_survivors_slots": figures(ours),
         "waited_in_survivors_slots": sum(1 for n in waited if n in set(ours)),
     }
+
+
+# waits_by_creation's window of creation time, seconds.
+CREATION_WINDOW = 5.0
+
+
+def waits_by_creation(timeline: list[dict], threshold: float | None, *,
+                      window: float = CREATION_WINDOW) -> list[dict]:
+    """The stream's `My` in the survivors' own slots (bench/shards.py's timeline rows,
+    times since the kill), in windows of `window` seconds of creation time from the
+    kill on: how many were made, how many waited (create -> seen above `threshold`,
+    or never seen), and the p50 of each part of the wait among those that waited:
+
+    - queue:  create -> the operator's first Deployment apply received (the watch
+              event's delivery, the work queue, a free worker);
+    - write:  that apply -> the first status write done (the reconcile: two applies,
+              an Event, the status, each an apiserver round trip);
+    - seen:   that status write -> the bench's watch shows it.
+    """
+    rows: dict[int, list[dict]] = {}
+    for row in timeline:
+        if not row["dead"] and row["created"] >= 0:
+            rows.setdefault(int(row["created"] // window), []).append(row)
+
+    def part(items: list[dict], start: str, end: str) -> float | None:
+        spans = [r[end] - r[start] for r in items
+                 if r.get(start) is not None and r.get(end) is not None]
+        return statistics.median(spans) if spans else None
+
+    out = []
+    for index in sorted(rows):
+        made = rows[index]
+        waited = [r for r in made if r["seen"] is None or threshold is None
+                  or r["seen"] - r["created"] > threshold]
+        out.append({"from": index * window, "to": (index + 1) * window,
+                    "created": len(made), "waited": len(waited),
+                    "p50": part(made, "created", "seen"),
+                    "waited_queue_p50": part(waited, "created", "deployment_applied"),
+                    "waited_write_p50": part(waited, "deployment_applied", "status_written"),
+                    "waited_seen_p50": part(waited, "status_written", "seen")})
+    return out
+
+
+def cores_by_window(samples: list[dict], *, window: float = CREATION_WINDOW) -> dict[float, dict]:
+    """Cores used in each `window` of seconds since the kill, from follow()'s samples
+    (cumulative CPU seconds): "survivors" (each), and each process of the plane.
+    Keyed by the window's start, as waits_by_creation's rows."""
+    out: dict[float, dict] = {}
+    timed = [s for s in samples if "cpu" in s]
+    if not timed:
+        return out
+    last = int(timed[-1]["t"] // window)
+    for index in range(0, last + 1):
+        start, end = index * window, (index + 1) * window
+        inside = [s for s in timed if start <= s["t"] <= end]
+        if len(inside) < 2:
+            continue
+        first, final = inside[0], inside[-1]
+        span = final["t"] - first["t"]
+        if span <= 0:
+            continue
+        out[start] = {
+            "survivors": [round((b - a) / span, 2) for a, b in zip(first["cpu"], final["cpu"])],
+            **{name: round((final["plane_cpu"][name] - first["plane_cpu"].get(name, 0.0))
+                           / span, 2)
+               for name in final.get("plane_cpu", {})}}
+    return out
 
 
 def recovery(samples: list[dict], last_change: float | None, *, slots: int = SLOTS) -> dict:

@@ -149,12 +149,39 @@ def _failover_table(failover: dict, settings: dict) -> list[str]:
     out += ["", f"Waited: {failover['waited']} of {failover['around']['created']} around the "
             f"kill, {failover.get('waited_in_survivors_slots', 0)} of them in the survivors' "
             "slots."]
+    out += _waits_table(failover)
     trend = failover.get("before_trend")
     if trend is not None and trend > analysis.BACKLOG_TREND:
         out.append(f"**The replicas were falling behind the stream before the kill** (the "
                    f"undisturbed p50 grew {trend:.1f}× from its first quarter to its last): "
                    "the figures around the kill measure a backlog as much as the failover.")
     out.append("")
+    return out
+
+
+def _waits_table(failover: dict) -> list[str]:
+    """The survivors' own `My` by creation time, each wait split where it went, beside
+    the cores used meanwhile (runs before this table was added have no timeline)."""
+    windows = failover.get("by_creation")
+    if not windows:
+        return []
+    cores = analysis.cores_by_window(failover.get("survivors_samples") or [])
+    out = ["", "The survivors' own `My` by creation time (seconds since the kill). Of those "
+           "that waited, the p50 of each part: *queue* = create → the first apply of its "
+           "Deployment received by the apiserver (watch delivery, work queue, a free worker); "
+           "*write* = that apply → its first status write done (the reconcile's requests); "
+           "*seen* = that write → the bench's watch shows it (audit log times, one clock). "
+           "Cores: used over the window by each survivor, and by kube-apiserver and etcd.", "",
+           "| created | count | waited | p50 | waited: queue | write | seen | survivors' cores "
+           "| apiserver | etcd |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in windows:
+        used = cores.get(w["from"]) or {}
+        out.append(f"| {w['from']:g}–{w['to']:g} s | {w['created']} | {w['waited']} | "
+                   f"{_num(w['p50'], '.2f', ' s')} | {_num(w['waited_queue_p50'], '.2f', ' s')} | "
+                   f"{_num(w['waited_write_p50'], '.2f', ' s')} | "
+                   f"{_num(w['waited_seen_p50'], '.2f', ' s')} | "
+                   f"{' + '.join(f'{c:.2f}' for c in used.get('survivors', [])) or '–'} | "
+                   f"{_num(used.get('kube-apiserver'), '.2f')} | {_num(used.get('etcd'), '.2f')} |")
     return out
 
 
