@@ -178,7 +178,10 @@ class Bench:
         quiet = ready.plane_rate(self.cluster)
         self.cluster.create_namespace(namespace)
         observer = Observer(self.cluster.client, namespace).start()
-        op = self.make_operator(key, namespace)
+        profile = self.args.ready_profile
+        op = self.make_operator(key, namespace, profile_to=(
+            profile.with_name(f"{profile.stem}-r{run}-{load.key}{profile.suffix}")
+            if profile is not None and key == HEADLINE else None))
         interrupted = True
         try:
             op.start(f"r{run}-{load.key}")
@@ -584,6 +587,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="runs of the no-operator floor at the largest size (default: "
                              "%(default)s; 0 skips it)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
+    parser.add_argument("--ready-profile", type=Path, metavar="FILE",
+                        help="--pods-ready: run ours under cProfile, every thread, one pstats "
+                             "file per run and load (FILE's name + -rRUN-LOAD); with "
+                             "BENCH_PROFILE_CPU=1 in the environment, CPU time instead of "
+                             "wall time (bench/convergence/profiled.py). The profiler slows "
+                             "ours: its figures are then not for comparing")
     parser.add_argument("--no-footprint", action="store_true",
                         help="skip the install footprint (it builds three venvs)")
     harness.add_output_arguments(
