@@ -19,7 +19,13 @@ both. The policy, per key:
     the time from "at work" to "done", less what the answer's own reconcile
     waited in our queue (an answer whose event waited behind a long queue
     says nothing about that controller, and counting it would keep keys from
-    being held after a burst, so every spec change cost two writes).
+    being held after a burst, so every spec change cost two writes);
+  * a window that ends before the answer came is a sample too: the answer
+    takes at least that long (from "at work" to the window's end, less the
+    same queue wait). Without it, a controller that does not answer at all (it
+    is down, or the cluster has none) would never be learnt of, and every
+    status change would wait out its whole window, however long the queue
+    had made it.
 
 The caller comes back with priority (Result.priority) when `wait` says so, so
 the other controller's update goes ahead of the queue. Time is injected; one
@@ -56,12 +62,12 @@ class StatusHold:
             return 0.0
         now = self._clock()
         if not pending:
+            self._held_until.pop(key, None)         # the answer is in: no hold is left
             since = self._pending_since.pop(key, None)
             if since is not None:
-                sample = max(0.0, now - since - (self._queued_seconds() or 0.0))
-                self.answer_seconds += self.weight * (sample - self.answer_seconds)
+                self._learn(now - since)
             return 0.0
-        self._pending_since.setdefault(key, now)
+        since = self._pending_since.setdefault(key, now)
         until = self._held_until.get(key)
         if until is None:
             window = min(max(self.coalesce_seconds, self._queued_seconds() or 0.0),
@@ -69,7 +75,19 @@ class StatusHold:
             if self.answer_seconds > window:
                 return 0.0
             until = self._held_until[key] = now + window
-        return max(0.0, until - now)
+        elif until <= now:
+            # The window is over and the answer has not come: it takes at least
+            # this long. The hold ends here (release() after the write is then a no-op).
+            del self._held_until[key]
+            self._learn(now - since)
+            return 0.0
+        return until - now
+
+    def _learn(self, seconds: float) -> None:
+        """A sample of the answer time: `seconds` since "at work", less what the
+        key being reconciled now waited in our queue."""
+        sample = max(0.0, seconds - (self._queued_seconds() or 0.0))
+        self.answer_seconds += self.weight * (sample - self.answer_seconds)
 
     def held_until(self, key: Hashable) -> float | None:
         """clock() at which `key`'s hold ends; None when it is not held."""

@@ -109,3 +109,31 @@ def test_forget_drops_the_hold_and_the_pending_start(hold, clock):
     clock.advance(100.0)
     hold.wait("k", False)                 # no sample: it was forgotten
     assert hold.answer_seconds == 0.0
+
+
+def test_a_window_that_ends_without_the_answer_counts_as_a_late_answer(hold, clock, queue):
+    assert hold.wait("k", True) == 0.5
+    clock.advance(0.6)
+    queue.seconds = 0.05                  # the end of the window waited in our queue
+    assert hold.wait("k", True) == 0.0 and "k" not in hold
+    assert hold.answer_seconds == pytest.approx(0.2 * 0.55)
+    hold.release("k")                     # the caller's release after its write: a no-op
+    assert hold.answer_seconds == pytest.approx(0.2 * 0.55)
+
+
+def test_a_controller_that_never_answers_is_learnt_and_no_longer_waited_for(hold, clock):
+    """As with the Deployment controller down: every window ends unanswered. The
+    holds stop once the estimate passes the window, instead of each status change
+    waiting out its whole window for ever."""
+    held = 0
+    for i in range(100):
+        key = f"k{i}"
+        wait = hold.wait(key, True)
+        if wait == 0.0:
+            break
+        held += 1
+        clock.advance(wait + 0.01)        # the timer brings the key back a little late
+        assert hold.wait(key, True) == 0.0
+    assert 0 < held < 100
+    assert hold.answer_seconds > 0.5
+    assert hold.wait("another", True) == 0.0 and "another" not in hold
