@@ -394,24 +394,37 @@ def stream_timeline(per: PerObject, slots: dict[str, int], owners: dict[int, str
             "seen": None if status is None else round(status - killed, 3)})
     return rows
 
+# Histograms of each survivor sampled by follow() (their _sum and _count, every label
+# set added up): its work queue's wait, its reconciles' time, its requests' time.
+TIMINGS = {"queue": "workqueue_queue_duration_seconds", "work": "workqueue_work_duration_seconds",
+           "request": "rest_client_request_duration_seconds"}
+
+
 def follow(cluster, survivors: list[ShardReplica], killed: float, done, poll: float,
            deadline: float) -> list[dict]:
     """The survivors after the kill, every `poll` seconds until `done()` (or the
-    deadline): /readyz, slots held, work queue depth and CPU seconds of each
-    (analysis.recovery reads them), and the plane's processes' CPU seconds. Less often than at start-up: each sample reads their /metrics while
+    deadline): /readyz, slots held, work queue depth, CPU seconds and the TIMINGS
+    histograms' sums and counts of each (analysis.recovery and
+    analysis.survivors_by_window read them), and the plane's processes' CPU
+    seconds. Less often than at start-up: each sample reads their /metrics while
     they serve the stream."""
+    wanted = ("k8s_http_shard_slots_held", "workqueue_depth",
+              *(f"{name}_{part}" for name in TIMINGS.values() for part in ("sum", "count")))
     samples = []
     while not done() and time.monotonic() < deadline:
-        ready, held, queued = [], [], []
+        ready, held, queued, timings = [], [], [], []
         for op in survivors:
-            metrics = scrape(op.metrics_port, ("k8s_http_shard_slots_held", "workqueue_depth"))
+            metrics = scrape(op.metrics_port, wanted)
             held.append(metrics.get("k8s_http_shard_slots_held", 0.0))
             queued.append(sum(v for k, v in metrics.items() if k.startswith("workqueue_depth")))
+            timings.append({what: [sum(v for k, v in metrics.items()
+                                       if k.startswith(f"{name}_{part}")) for part in ("sum", "count")]
+                            for what, name in TIMINGS.items()})
             ready.append(op.readyz_ok())
         cpu = [round(op.cpu_seconds(), 2) for op in survivors]
         plane = cluster.process_cpu()
         samples.append({"t": round(time.monotonic() - killed, 2), "ready": ready,
-                        "held": held, "queued": queued, "cpu": cpu,
+                        "held": held, "queued": queued, "cpu": cpu, "timings": timings,
                         "plane_cpu": {k: round(v, 2) for k, v in plane.items()}})
         time.sleep(poll)
     return samples

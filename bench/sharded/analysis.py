@@ -10,7 +10,8 @@
   undisturbed, around the kill (waited or not) and after;
 - `waits_by_creation(timeline, threshold)`: the survivors' own part of the stream
   in windows of creation time, each wait split into where it went;
-  `cores_by_window(samples)`: the cores the survivors and the plane used meanwhile;
+  `survivors_by_window(samples)`: the cores the survivors and the plane used
+  meanwhile, and the survivors' mean queue wait, reconcile and request times;
 - `goals(...)`: issue 37 item 5's goals on one run's figures.
 """
 
@@ -195,10 +196,14 @@ def waits_by_creation(timeline: list[dict], threshold: float | None, *,
     return out
 
 
-def cores_by_window(samples: list[dict], *, window: float = CREATION_WINDOW) -> dict[float, dict]:
-    """Cores used in each `window` of seconds since the kill, from follow()'s samples
-    (cumulative CPU seconds): "survivors" (each), and each process of the plane.
-    Keyed by the window's start, as waits_by_creation's rows."""
+def survivors_by_window(samples: list[dict], *, window: float = CREATION_WINDOW
+                        ) -> dict[float, dict]:
+    """Each `window` of seconds since the kill, from follow()'s samples (cumulative
+    figures): "survivors", the cores each used; each process of the plane, its
+    cores; and per survivor the mean milliseconds of its work queue's wait
+    ("queue_ms"), its reconciles ("work_ms") and its requests ("request_ms") that
+    ended in the window (None where none did). Keyed by the window's start, as
+    waits_by_creation's rows."""
     out: dict[float, dict] = {}
     timed = [s for s in samples if "cpu" in s]
     if not timed:
@@ -213,12 +218,22 @@ def cores_by_window(samples: list[dict], *, window: float = CREATION_WINDOW) -> 
         span = final["t"] - first["t"]
         if span <= 0:
             continue
-        out[start] = {
-            "survivors": [round((b - a) / span, 2) for a, b in zip(first["cpu"], final["cpu"])],
-            **{name: round((final["plane_cpu"][name] - first["plane_cpu"].get(name, 0.0))
-                           / span, 2)
-               for name in final.get("plane_cpu", {})}}
+        row = {"survivors": [round((b - a) / span, 2) for a, b in zip(first["cpu"], final["cpu"])],
+               **{name: round((final["plane_cpu"][name] - first["plane_cpu"].get(name, 0.0))
+                              / span, 2)
+                  for name in final.get("plane_cpu", {})}}
+        for what in ("queue", "work", "request"):
+            row[f"{what}_ms"] = [_mean_ms(a.get(what), b.get(what)) for a, b in
+                                 zip(first.get("timings") or [], final.get("timings") or [])]
+        out[start] = row
     return out
+
+
+def _mean_ms(before: list | None, after: list | None) -> float | None:
+    """The mean, in ms, of a histogram's observations between two [sum, count] samples."""
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]) * 1e3, 1)
 
 
 def recovery(samples: list[dict], last_change: float | None, *, slots: int = SLOTS) -> dict:

@@ -159,21 +159,28 @@ def _failover_table(failover: dict, settings: dict) -> list[str]:
     return out
 
 
+def _each_ms(values) -> str:
+    return " + ".join("–" if v is None else f"{v:.0f} ms" for v in values or []) or "–"
+
+
 def _waits_table(failover: dict) -> list[str]:
     """The survivors' own `My` by creation time, each wait split where it went, beside
     the cores used meanwhile (runs before this table was added have no timeline)."""
     windows = failover.get("by_creation")
     if not windows:
         return []
-    cores = analysis.cores_by_window(failover.get("survivors_samples") or [])
+    cores = analysis.survivors_by_window(failover.get("survivors_samples") or [])
     out = ["", "The survivors' own `My` by creation time (seconds since the kill). Of those "
            "that waited, the p50 of each part: *queue* = create → the first apply of its "
            "Deployment received by the apiserver (watch delivery, work queue, a free worker); "
            "*write* = that apply → its first status write done (the reconcile's requests); "
            "*seen* = that write → the bench's watch shows it (audit log times, one clock). "
-           "Cores: used over the window by each survivor, and by kube-apiserver and etcd.", "",
+           "Beside it, over the same window: the cores used by each survivor and by kube-apiserver "
+           "and etcd, and each survivor's mean work-queue wait and request time (its own "
+           "metrics; a key queued low counts too).", "",
            "| created | count | waited | p50 | waited: queue | write | seen | survivors' cores "
-           "| apiserver | etcd |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| apiserver | etcd | survivors' queue wait | request |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in windows:
         used = cores.get(w["from"]) or {}
         out.append(f"| {w['from']:g}–{w['to']:g} s | {w['created']} | {w['waited']} | "
@@ -181,7 +188,8 @@ def _waits_table(failover: dict) -> list[str]:
                    f"{_num(w['waited_write_p50'], '.2f', ' s')} | "
                    f"{_num(w['waited_seen_p50'], '.2f', ' s')} | "
                    f"{' + '.join(f'{c:.2f}' for c in used.get('survivors', [])) or '–'} | "
-                   f"{_num(used.get('kube-apiserver'), '.2f')} | {_num(used.get('etcd'), '.2f')} |")
+                   f"{_num(used.get('kube-apiserver'), '.2f')} | {_num(used.get('etcd'), '.2f')} | "
+                   f"{_each_ms(used.get('queue_ms'))} | {_each_ms(used.get('request_ms'))} |")
     return out
 
 

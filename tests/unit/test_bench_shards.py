@@ -304,16 +304,22 @@ def test_waits_by_creation_splits_the_survivors_waits_where_they_went():
     assert rows[1]["p50"] is None and rows[1]["waited_queue_p50"] is None
 
 
-def test_cores_by_window_from_cumulative_cpu_samples():
-    def sample(t, cpu, apiserver):
-        return {"t": t, "cpu": list(cpu), "plane_cpu": {"kube-apiserver": apiserver}}
+def test_survivors_by_window_from_cumulative_samples():
+    def sample(t, cpu, apiserver, queue=((0.0, 0), (0.0, 0))):
+        return {"t": t, "cpu": list(cpu), "plane_cpu": {"kube-apiserver": apiserver},
+                "timings": [{"queue": list(q), "work": [0.0, 0], "request": [0.0, 0]}
+                            for q in queue]}
     samples = [sample(0.0, (1.0, 2.0), 10.0), sample(2.0, (2.0, 2.5), 12.0),
-               sample(5.0, (4.0, 3.0), 15.0), sample(7.0, (4.0, 3.0), 16.0),
-               sample(9.0, (5.0, 4.0), 17.0)]
-    cores = analysis.cores_by_window(samples)
-    assert cores[0.0] == {"survivors": [0.6, 0.2], "kube-apiserver": 1.0}
-    assert cores[5.0] == {"survivors": [0.25, 0.25], "kube-apiserver": 0.5}
-    assert analysis.cores_by_window([{"t": 1.0, "ready": [True]}]) == {}
+               sample(5.0, (4.0, 3.0), 15.0, ((1.0, 10), (0.0, 0))),
+               sample(7.0, (4.0, 3.0), 16.0, ((1.0, 10), (0.0, 0))),
+               sample(9.0, (5.0, 4.0), 17.0, ((3.0, 12), (0.2, 4)))]
+    windows = analysis.survivors_by_window(samples)
+    assert windows[0.0]["survivors"] == [0.6, 0.2] and windows[0.0]["kube-apiserver"] == 1.0
+    assert windows[0.0]["queue_ms"] == [100.0, None]          # 1 s over 10 keys; none
+    assert windows[5.0]["survivors"] == [0.25, 0.25]
+    assert windows[5.0]["queue_ms"] == [1000.0, 50.0]
+    assert windows[5.0]["work_ms"] == [None, None]
+    assert analysis.survivors_by_window([{"t": 1.0, "ready": [True]}]) == {}
 
 
 def test_the_waits_table_puts_each_window_beside_the_cores_used():
@@ -326,6 +332,6 @@ def test_the_waits_table_puts_each_window_beside_the_cores_used():
                     {"t": 5.0, "cpu": [5.0, 3.0], "plane_cpu": {"kube-apiserver": 6.0,
                                                                 "etcd": 1.0}}]}
     text = "\n".join(report._waits_table(failover))
-    assert "| 0–5 s | 60 | 12 | 0.40 s | 3.50 s | 0.20 s | 0.01 s | 0.80 + 0.40 | 1.20 | 0.20 |" \
-        in text
+    assert "| 0–5 s | 60 | 12 | 0.40 s | 3.50 s | 0.20 s | 0.01 s | 0.80 + 0.40 | 1.20 | 0.20 " \
+           "| – | – |" in text
     assert report._waits_table({}) == []
