@@ -153,7 +153,9 @@ class _Queue:
     def add_many(self, keys: Iterable[Hashable], *, priority: int = 0) -> None:
         """add() each of `keys`, holding the lock once: a relist queues thousands of
         keys at once, and a lock, a depth update and a wake-up per key were most of
-        their cost. Getters are woken once, all of them."""
+        their cost. As many getters are woken as keys were added (a watch event's
+        one key wakes one worker, not all of them to find one key); get()'s hand-off
+        wakes the next while keys are left."""
         with self._lock:
             if self._shutting_down:
                 return
@@ -164,7 +166,7 @@ class _Queue:
             if added:
                 self._m_adds.inc(added)
                 self._m_depth.set(self._depth_locked())
-                self._ready.notify_all()
+                self._ready.notify(added)
 
     def get(self, timeout_seconds: float | None = None) -> tuple[Hashable | None, bool]:
         """Take the next key: ``(key, False)``.
