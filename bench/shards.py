@@ -394,6 +394,7 @@ def stream_timeline(per: PerObject, slots: dict[str, int], owners: dict[int, str
             "seen": None if status is None else round(status - killed, 3)})
     return rows
 
+
 # Histograms of each survivor sampled by follow() (their _sum and _count, every label
 # set added up): its work queue's wait, its reconciles' time, its requests' time.
 TIMINGS = {"queue": "workqueue_queue_duration_seconds", "work": "workqueue_work_duration_seconds",

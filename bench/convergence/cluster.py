@@ -22,6 +22,7 @@ import re
 import ssl
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -111,14 +112,29 @@ class RequestCounts:
     server_seconds: dict = field(default_factory=lambda: collections.defaultdict(list))
 
 
-def _audit_seconds(event: dict) -> float | None:
-    """requestReceivedTimestamp -> stageTimestamp of an audit event, in seconds."""
+def _audit_times(event: dict) -> tuple[datetime, datetime] | None:
+    """(requestReceivedTimestamp, stageTimestamp) of an audit event; None without them."""
     try:
         received = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
         done = datetime.fromisoformat(event["stageTimestamp"].replace("Z", "+00:00"))
     except (KeyError, TypeError, ValueError):
         return None
-    return (done - received).total_seconds()
+    return received, done
+
+
+def _audit_seconds(event: dict) -> float | None:
+    """requestReceivedTimestamp -> stageTimestamp of an audit event, in seconds."""
+    times = _audit_times(event)
+    return None if times is None else (times[1] - times[0]).total_seconds()
+
+
+def _request_kind(event: dict) -> str:
+    """"verb resource[/subresource]" of an audit event: "patch my/status"."""
+    ref = event.get("objectRef") or {}
+    what = ref.get("resource", event.get("requestURI", "?"))
+    if ref.get("subresource"):
+        what += "/" + ref["subresource"]
+    return f"{event.get('verb', '')} {what}"
 
 
 class AuditLog:
@@ -135,8 +151,9 @@ class AuditLog:
         except FileNotFoundError:
             return 0
 
-    def since(self, mark: int, until: int | None = None) -> RequestCounts:
-        counts = RequestCounts(source=self.source)
+    def _operator_events(self, mark: int, until: int | None = None) -> Iterator[dict]:
+        """The operator's audit events from `mark` (to `until`), the load generator's
+        (the same user, another user agent) left out."""
         with open(self.path, "rb") as f:
             f.seek(mark)
             data = f.read() if until is None else f.read(max(0, until - mark))
@@ -144,27 +161,28 @@ class AuditLog:
             try:
                 event = json.loads(line)
             except ValueError:
-                continue          # a line cut at `until`
+                continue          # a line cut at `until`, or being written
             if (event.get("user") or {}).get("username") != OPERATOR_USER:
                 continue
             if (event.get("userAgent") or "").startswith(BENCH_USER_AGENT):
                 continue
-            verb = event.get("verb", "")
-            ref = event.get("objectRef") or {}
-            what = ref.get("resource", event.get("requestURI", "?"))
-            if ref.get("subresource"):
-                what += "/" + ref["subresource"]
-            if verb in WRITE_VERBS:
+            yield event
+
+    def since(self, mark: int, until: int | None = None) -> RequestCounts:
+        counts = RequestCounts(source=self.source)
+        for event in self._operator_events(mark, until):
+            kind = _request_kind(event)
+            if event.get("verb", "") in WRITE_VERBS:
                 counts.writes += 1
-                counts.by_kind[f"{verb} {what}"] += 1
+                counts.by_kind[kind] += 1
                 seconds = _audit_seconds(event)
                 if seconds is not None:
-                    counts.server_seconds[f"{verb} {what}"].append(seconds)
+                    counts.server_seconds[kind].append(seconds)
                 if ((event.get("responseStatus") or {}).get("code") or 0) >= 400:
                     counts.failed_writes += 1
             else:
                 counts.reads += 1
-                counts.reads_by_kind[f"{verb} {what}"] += 1
+                counts.reads_by_kind[kind] += 1
         return counts
 
     def first_writes(self, mark: int, names: set[str]) -> dict[str, dict[str, tuple]]:
@@ -172,28 +190,12 @@ class AuditLog:
         write of each kind on an object named in `names`, since `mark`, as wall-clock
         seconds of the apiserver (received, and the response complete)."""
         out: dict[str, dict[str, tuple]] = {}
-        with open(self.path, "rb") as f:
-            f.seek(mark)
-            data = f.read()
-        for line in data.splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            ref = event.get("objectRef") or {}
-            name, verb = ref.get("name"), event.get("verb", "")
-            if name not in names or verb not in WRITE_VERBS or \
-                    (event.get("userAgent") or "").startswith(BENCH_USER_AGENT):
-                continue
-            what = f"{verb} {ref.get('resource', '?')}" + (
-                "/" + ref["subresource"] if ref.get("subresource") else "")
-            try:
-                received, done = (datetime.fromisoformat(event[k].replace("Z", "+00:00"))
-                                  .timestamp() for k in ("requestReceivedTimestamp",
-                                                         "stageTimestamp"))
-            except (KeyError, TypeError, ValueError):
-                continue
-            out.setdefault(name, {}).setdefault(what, (received, done))
+        for event in self._operator_events(mark):
+            name = (event.get("objectRef") or {}).get("name")
+            times = _audit_times(event)
+            if name in names and event.get("verb", "") in WRITE_VERBS and times is not None:
+                out.setdefault(name, {}).setdefault(
+                    _request_kind(event), (times[0].timestamp(), times[1].timestamp()))
         return out
 
 

@@ -169,7 +169,7 @@ def _waits_table(failover: dict) -> list[str]:
     windows = failover.get("by_creation")
     if not windows:
         return []
-    cores = analysis.survivors_by_window(failover.get("survivors_samples") or [])
+    by_window = analysis.survivors_by_window(failover.get("survivors_samples") or [])
     out = ["", "The survivors' own `My` by creation time (seconds since the kill). Of those "
            "that waited, the p50 of each part: *queue* = create → the first apply of its "
            "Deployment received by the apiserver (watch delivery, work queue, a free worker); "
@@ -182,7 +182,7 @@ def _waits_table(failover: dict) -> list[str]:
            "| apiserver | etcd | survivors' queue wait | request |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in windows:
-        used = cores.get(w["from"]) or {}
+        used = by_window.get(w["from"]) or {}
         out.append(f"| {w['from']:g}–{w['to']:g} s | {w['created']} | {w['waited']} | "
                    f"{_num(w['p50'], '.2f', ' s')} | {_num(w['waited_queue_p50'], '.2f', ' s')} | "
                    f"{_num(w['waited_write_p50'], '.2f', ' s')} | "

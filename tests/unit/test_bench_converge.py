@@ -9,6 +9,7 @@ these tests only pin the arithmetic its report rests on.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 
@@ -239,3 +240,30 @@ def test_write_memory_markdown_has_a_row_per_run_from_either_form_of_its_results
     gathered = write_memory.markdown({"command": "python -m bench write_memory --sizes 5000",
                                       "note": "two commits", "runs": {"after @ 5000": run}})
     assert f"| after @ 5000 {row}" in gathered and "two commits" in gathered
+
+
+def test_audit_log_gives_the_operators_first_write_of_each_kind_per_object(tmp_path):
+    log = tmp_path / "audit.log"
+    t = "2026-12-06T09:00:00.{}Z"
+
+    def named(line, name):
+        event = json.loads(line)
+        event["objectRef"]["name"] = name
+        return json.dumps(event) + "\n"
+    with open(log, "w") as f:
+        f.write(named(_audit("create", "my", agent=BENCH_USER_AGENT, received=t.format("1"),
+                             done=t.format("2")), "a"))                  # the load generator's
+        f.write(named(_audit("patch", "deployments", received=t.format("100000"),
+                             done=t.format("150000")), "a"))
+        f.write(named(_audit("patch", "deployments", received=t.format("300000"),
+                             done=t.format("350000")), "a"))             # not the first
+        f.write(named(_audit("patch", "my", sub="status", received=t.format("200000"),
+                             done=t.format("250000")), "a"))
+        f.write(named(_audit("patch", "deployments", received=t.format("100000"),
+                             done=t.format("150000")), "other"))         # not asked for
+        f.write(named(_audit("get", "my", received=t.format("1"), done=t.format("2")), "a"))
+    base = datetime.fromisoformat("2026-12-06T09:00:00+00:00").timestamp()
+    writes = AuditLog(log).first_writes(0, {"a"})
+    assert set(writes) == {"a"}
+    assert {k: (round(r - base, 3), round(d - base, 3)) for k, (r, d) in writes["a"].items()} == {
+        "patch deployments": (0.1, 0.15), "patch my/status": (0.2, 0.25)}
