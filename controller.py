@@ -127,9 +127,12 @@ POD_LIST_LIMIT = 2 * MAX_REPLICAS
 # How many My generations' validation and rendered children are remembered (a
 # bounded memory, whatever the number of My objects; see MyReconciler._desired).
 RENDER_MEMO_SIZE = 1024
-# Weight of the newest sample in the running estimate of how long the
-# Deployment controller takes to answer (an exponentially weighted mean).
-ANSWER_TIME_WEIGHT = 0.2
+# A status is held only while at least this share of the Deployment
+# controller's recent answers came within their window (an exponentially
+# weighted mean, this weight for the newest): four late answers in a row stop
+# the holds, one or two timely ones bring them back.
+ANSWER_HIT_RATE_MIN = 0.5
+ANSWER_HIT_WEIGHT = 0.2
 
 # What the caches keep (k8s_http.Projection): exactly the fields the reconciler
 # and the ``my`` functions it hands cached objects to read, everything else is
@@ -265,7 +268,8 @@ class MyReconciler:
         # answer is held back so that one write reports both (see _write_status).
         self._status_hold = StatusHold(
             coalesce_seconds=status_coalesce_seconds, cap_seconds=STATUS_HOLD_CAP_SECONDS,
-            weight=ANSWER_TIME_WEIGHT, clock=clock, queued_seconds=queued_seconds)
+            weight=ANSWER_HIT_WEIGHT, min_hit_rate=ANSWER_HIT_RATE_MIN, clock=clock,
+            queued_seconds=queued_seconds)
         # The resourceVersions (My, Deployment, Service) a reconcile finished with:
         # everything written, or a status held. The same versions in the caches
         # again give the same answer (the reconcile reads nothing else once both
@@ -669,7 +673,7 @@ class MyReconciler:
         work, its next status update would need a write of its own, so a change
         may wait for it (k8s_http.StatusHold): within STATUS_COALESCE_SECONDS
         when our queue is idle, about the queue's own delay under a burst, and
-        not at all while its recent answers took longer than that. Idle, a new
+        not at all while most of its recent answers came later than that. Idle, a new
         My costs one status write.
         """
         old = my.get("status") or {}

@@ -8,30 +8,35 @@ both. The policy, per key:
 
   * nothing is held while the other controller is not at work (`pending`
     False), nor for a status that is not about it (`pending` None: a failure);
-  * a window is fixed when the key is first held: `coalesce_seconds`, or as
-    long as the key has just waited in the work queue if that was longer
+  * a window opens when a status change is first held: `coalesce_seconds`, or
+    as long as the key has just waited in the work queue if that was longer
     (under a burst the user already waits that long, and the other controller
-    is about as far behind), never longer than `cap_seconds`. At its end the
-    status is written as it stands;
+    is about as far behind), never longer than `cap_seconds`. The held status
+    is written when the answer comes or, at the window's end, as it stands; a
+    change after that opens another window, so a long rollout is reported at
+    most once per window;
+  * an *episode* runs from the key first seen with the other controller at
+    work to its answer, and is judged once, by its first window: a *hit* when
+    the answer reached us within it (its arrival is the answer's reconcile
+    less what that reconcile waited in our queue: an answer whose event
+    waited behind a long queue was still on time), a *miss* when the window
+    ended first. Episodes that were not held are judged too, by the window
+    they would have had, so a controller that starts answering again is
+    noticed;
   * holding pays only when the answer is likely to come within the window, so
-    it is skipped while the other controller's recent answers took longer: a
-    running mean (exponentially weighted, `weight` for the newest sample) of
-    the time from "at work" to "done", less what the answer's own reconcile
-    waited in our queue (an answer whose event waited behind a long queue
-    says nothing about that controller, and counting it would keep keys from
-    being held after a burst, so every spec change cost two writes);
-  * a window that ends before the answer came is a sample too: the answer
-    takes at least that long (from "at work" to the window's end, less the
-    same queue wait). Without it, a controller that does not answer at all (it
-    is down, or the cluster has none) would never be learnt of, and every
-    status change would wait out its whole window, however long the queue
-    had made it.
+    a window is held only while the running share of hits (exponentially
+    weighted, `weight` for the newest) is at least `min_hit_rate`. A
+    controller that does not answer at all (it is down, or the cluster has
+    none) stops the holds after a few windows, whatever their length. (A mean
+    of answer times did not: a window stretched by the queue's delay taught it
+    only that the answer takes about as long as the window, and every status
+    change of a backlog waited out its whole window.)
 
 The caller comes back with priority (Result.priority) when `wait` says so, so
 the other controller's update goes ahead of the queue. Time is injected; one
 worker at a time per key (the work queue's promise), so each key's entries
-have one writer. The mean is updated without a lock: a lost sample only makes
-it a little staler.
+have one writer. The share is updated without a lock: a lost judgement only
+makes it a little staler.
 """
 
 from __future__ import annotations
@@ -44,16 +49,20 @@ __all__ = ["StatusHold"]
 
 class StatusHold:
     def __init__(self, *, coalesce_seconds: float = 0.5, cap_seconds: float = 10.0,
-                 weight: float = 0.2, clock: Callable[[], float] = time.monotonic,
+                 weight: float = 0.2, min_hit_rate: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic,
                  queued_seconds: Callable[[], float | None] = lambda: None):
         self.coalesce_seconds = coalesce_seconds
         self.cap_seconds = cap_seconds
         self.weight = weight
+        self.min_hit_rate = min_hit_rate
         self._clock = clock
         self._queued_seconds = queued_seconds      # how long this key waited in the queue
-        self._held_until: dict[Hashable, float] = {}   # key -> clock() the hold ends
-        self._pending_since: dict[Hashable, float] = {}  # key -> first seen at work
-        self.answer_seconds = 0.0       # the running mean of the other controller's answers
+        # key -> clock() its episode's first window ends; None once the episode is
+        # judged. An entry exists while the other controller is at work on the key.
+        self._episodes: dict[Hashable, float | None] = {}
+        self._held_until: dict[Hashable, float] = {}   # key -> clock() its hold ends
+        self.hit_rate = 1.0     # the running share of episodes answered within their window
 
     def wait(self, key: Hashable, pending: bool | None) -> float:
         """Seconds to hold back a status change of `key`; 0 means write it now.
@@ -61,33 +70,32 @@ class StatusHold:
         if pending is None:
             return 0.0
         now = self._clock()
-        if not pending:
-            self._held_until.pop(key, None)         # the answer is in: no hold is left
-            since = self._pending_since.pop(key, None)
-            if since is not None:
-                self._learn(now - since)
+        if not pending:                   # the answer is in: no hold is left
+            self._held_until.pop(key, None)
+            first_end = self._episodes.pop(key, None)
+            if first_end is not None:
+                self._judge(now - (self._queued_seconds() or 0.0) <= first_end)
             return 0.0
-        since = self._pending_since.setdefault(key, now)
+        window = min(max(self.coalesce_seconds, self._queued_seconds() or 0.0),
+                     self.cap_seconds)
+        first_end = self._episodes.setdefault(key, now + window)
+        if first_end is not None and first_end <= now:
+            self._episodes[key] = None    # the first window ended unanswered
+            self._judge(False)
         until = self._held_until.get(key)
         if until is None:
-            window = min(max(self.coalesce_seconds, self._queued_seconds() or 0.0),
-                         self.cap_seconds)
-            if self.answer_seconds > window:
+            if self.hit_rate < self.min_hit_rate:
                 return 0.0
             until = self._held_until[key] = now + window
         elif until <= now:
-            # The window is over and the answer has not come: it takes at least
-            # this long. The hold ends here (release() after the write is then a no-op).
+            # The window is over and the answer has not come: write it as it
+            # stands (release() after the write is then a no-op).
             del self._held_until[key]
-            self._learn(now - since)
             return 0.0
         return until - now
 
-    def _learn(self, seconds: float) -> None:
-        """A sample of the answer time: `seconds` since "at work", less what the
-        key being reconciled now waited in our queue."""
-        sample = max(0.0, seconds - (self._queued_seconds() or 0.0))
-        self.answer_seconds += self.weight * (sample - self.answer_seconds)
+    def _judge(self, hit: bool) -> None:
+        self.hit_rate += self.weight * ((1.0 if hit else 0.0) - self.hit_rate)
 
     def held_until(self, key: Hashable) -> float | None:
         """clock() at which `key`'s hold ends; None when it is not held."""
@@ -97,10 +105,11 @@ class StatusHold:
         return key in self._held_until
 
     def release(self, key: Hashable) -> None:
-        """The status was written, or needs no write: the hold is over."""
+        """The status was written, or needs no write: the hold is over (the
+        episode goes on, to be judged by its answer)."""
         self._held_until.pop(key, None)
 
     def forget(self, key: Hashable) -> None:
         """The object is gone."""
         self._held_until.pop(key, None)
-        self._pending_since.pop(key, None)
+        self._episodes.pop(key, None)
