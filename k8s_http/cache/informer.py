@@ -15,7 +15,11 @@ and all of a new part's first list (the cache had no view of its objects: at
 start-up, or slots taken over) go to the queues at LOW_PRIORITY, behind every
 key of a watch event and of a changed, new or vanished object. A user's new
 `My` is then not served after tens of thousands of no-op reconciles of a
-start-up, a relist or a sharding takeover.
+start-up, a relist or a sharding takeover. The listed objects a handler's
+`urgent` test picks (awaiting their reconcile) go at LISTED_URGENT_PRIORITY:
+ahead of the other listed keys, still behind the watch's. After a takeover the
+survivor's own live objects are then served first, and the taken-over share's
+backlog (its objects have waited for the Lease already) in the time left.
 """
 
 from __future__ import annotations
@@ -35,13 +39,17 @@ from .store import Fields, StoreList, Store, nothing_cached
 from .watcher import Watcher
 from .watchstep import STALLS_UNHEALTHY
 
-__all__ = ["Informer", "Mapper", "KeyMapper", "LOW_PRIORITY", "own_key", "owner_key"]
+__all__ = ["Informer", "Mapper", "KeyMapper", "LOW_PRIORITY", "LISTED_URGENT_PRIORITY",
+           "own_key", "owner_key"]
 
 log = logging.getLogger(__name__)
 
 # controller-runtime's handler.LowPriority: the priority listed keys are handed
 # to a queue's add_many(keys, priority=) with (WorkQueue: served after all others).
 LOW_PRIORITY = -100
+# The listed objects a handler's `urgent` test is true of: before LOW_PRIORITY's,
+# after every key at priority >= 0 (WorkQueue serves its low line by priority).
+LISTED_URGENT_PRIORITY = -1
 
 _KEY_FIELDS = (("metadata", "namespace"), ("metadata", "name"))
 _UNFILTERED = object()      # _on_sync: a list no filter has seen yet
@@ -333,10 +341,11 @@ class Informer:
         Add handlers before start(): the initial list is delivered to the handlers
         present at that time. The queue needs add(key); with add_many(keys, *,
         priority=0) as well (WorkQueue), a list's keys go in one call per priority.
-        `urgent`: a list's objects it is true of are queued at priority 0 where
-        the list's would go low (e.g. objects.awaits_reconcile: a `My` created
-        while no replica watched its slot is not served after the unchanged
-        ones); `urgent_reads`: the fields it reads (else objects are built whole).
+        `urgent`: a list's objects it is true of are queued at
+        LISTED_URGENT_PRIORITY where the list's others go at LOW_PRIORITY (e.g.
+        objects.awaits_reconcile: a `My` created while no replica watched its
+        slot is not served after the unchanged ones, nor before the watch's
+        events); `urgent_reads`: the fields it reads (else objects are built whole).
         """
         self._handlers.append((mapper, queue, urgent))
         if urgent is not None:
@@ -505,8 +514,8 @@ class Informer:
         call: a relist's tens of thousands of keys cost one lock and one wake-up
         per queue instead of one each. `skip`: (queue, key) not to add.
         `priority` (not 0) goes to add_many(); a queue with add() alone gets plain adds.
-        `listed`: a list's low keys, raised to 0 for the objects a handler's
-        `urgent` test is true of."""
+        `listed`: a list's low keys, raised to LISTED_URGENT_PRIORITY for the
+        objects a handler's `urgent` test is true of."""
         found: list[list[ObjectKey]] = [[] for _ in self._handlers]
         raised: list[list[ObjectKey]] = [[] for _ in self._handlers]
         for obj in objs:
@@ -514,7 +523,7 @@ class Informer:
                 into = up if listed and urgent is not None and urgent(obj) else keys
                 into.extend(self._keys(mapper, obj))
         for (_, queue, _), listed_keys, up in zip(self._handlers, found, raised):
-            self._add_keys(queue, up, 0, None)
+            self._add_keys(queue, up, LISTED_URGENT_PRIORITY, None)
             self._add_keys(queue, listed_keys, priority, skip)
 
     @staticmethod

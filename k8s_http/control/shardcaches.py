@@ -7,8 +7,9 @@ per batch of slots gained together (docs/SHARDING.md, section 6):
   slots' watches go on, and so do the reconciles of their objects, while the
   new part lists. The keys of a gained slot are deferred until its part has
   listed in every informer (a `My` is never reconciled before its children
-  are cached), then queued as a first list's keys are: low, but for the
-  objects the controller's urgent test picks (a `My` awaiting its reconcile).
+  are cached), then queued as a first list's keys are: low, the objects the
+  controller's urgent test picks (a `My` awaiting its reconcile) ahead of the
+  others, all behind the held slots' watch events.
 - Losing slots narrows the parts' filters at once: their objects leave the
   caches. Their watches still select the lost slots on the server. A part
   still making its first list starts again on the slots it keeps.
@@ -30,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from ..cache.informer import LOW_PRIORITY, Informer
+from ..cache.informer import LISTED_URGENT_PRIORITY, LOW_PRIORITY, Informer
 from ..core import shards
 from ..core.objects import ObjectKey, meta_of
 
@@ -198,7 +199,7 @@ class ShardCaches:
                  self._clock() - part.since, len(deferred))
         by_queue: dict[tuple[int, int], tuple[object, int, list[ObjectKey]]] = {}
         for queue, key, urgent in deferred:
-            priority = 0 if urgent else LOW_PRIORITY
+            priority = LISTED_URGENT_PRIORITY if urgent else LOW_PRIORITY
             by_queue.setdefault((id(queue), priority), (queue, priority, []))[2].append(key)
         for queue, priority, keys in by_queue.values():
             queue.add_many(dict.fromkeys(keys), priority=priority)

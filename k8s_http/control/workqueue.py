@@ -7,10 +7,11 @@ lock and one condition variable, and no timer thread is needed:
 - `_Queue`: deduplication and the processing set. A key is queued at most
   once however often it is added, and never handed to two workers at once.
   Keys given a priority (`add_after(..., priority=1)`) wait in a line that
-  `get()` serves first; keys added at a negative priority (the informer's
-  LOW_PRIORITY: a list's unchanged objects, a resync) in a line it serves
-  last, and any add at priority >= 0 of a key waiting there moves it up
-  (controller-runtime's priority queue).
+  `get()` serves first; keys added at a negative priority (a list's keys: the
+  informer's LISTED_URGENT_PRIORITY for objects awaiting their reconcile,
+  LOW_PRIORITY for the others) in a line it serves last, highest priority
+  first and FIFO within one, and any add at priority >= 0 of a key waiting
+  there moves it up (controller-runtime's priority queue).
 - `_DelayingQueue`: `add_after()`. Delayed keys wait in a heap; `get()` moves
   the due ones into the queue, checking against the injected clock, and sleeps
   on the condition at most until the next one is due. A delayed add with a
@@ -98,20 +99,22 @@ class _Queue:
         #   of it -- the delayed one or an event's -- lines it up in _first
         #   (controller-runtime's priority queue: the highest priority and the
         #   earliest time win).
-        #   _low: key -> seq, for the keys in _dirty whose every add since they
-        #     were dirtied was low (priority < 0); lining one up with a _priority
-        #     drops it from _low. Such a key, when not processing, is queued in
-        #     _low_line as the entry (seq, key); an entry is live iff
-        #     _low.get(key) == seq. An add at priority >= 0 raises the key in O(1):
-        #     it leaves _low (its entry goes stale, skipped when reached) and joins
-        #     _queue. _low_line's head is live or the line is empty; only a raise
-        #     makes a stale entry, and it compacts the line once they outnumber the
-        #     live ones by _LOW_LINE_SLACK; _low_queued counts the live ones (the
-        #     depth without a scan).
+        #   _low: key -> (-priority, seq), for the keys in _dirty whose every add
+        #     since they were dirtied was low (priority < 0; the first add's
+        #     priority is kept); lining one up with a _priority drops it from
+        #     _low. Such a key, when not processing, is queued in _low_line, a
+        #     heap of entries (-priority, seq, key): the highest priority, then
+        #     the earliest, on top. An entry is live iff _low.get(key) == its
+        #     first two fields. An add at priority >= 0 raises the key in O(1):
+        #     it leaves _low (its entry goes stale, skipped when reached) and
+        #     joins _queue. _low_line's top is live or the line is empty; only a
+        #     raise makes a stale entry, and it compacts the line once they
+        #     outnumber the live ones by _LOW_LINE_SLACK; _low_queued counts the
+        #     live ones (the depth without a scan).
         self._first: deque[Hashable] = deque()
         self._priority: dict[Hashable, int] = {}
-        self._low: dict[Hashable, int] = {}
-        self._low_line: deque[tuple[int, Hashable]] = deque()
+        self._low: dict[Hashable, tuple[int, int]] = {}
+        self._low_line: list[tuple[int, int, Hashable]] = []
         self._low_queued = 0
         self._low_seq = itertools.count()
         self._queued_for: dict[Hashable, float] = {}
@@ -198,7 +201,7 @@ class _Queue:
             elif self._queue:
                 key = self._queue.popleft()
             else:
-                key = self._low_line.popleft()[1]       # the head is live
+                key = heapq.heappop(self._low_line)[2]      # the top is live
                 del self._low[key]
                 self._low_queued -= 1
                 self._drop_stale_low_locked()
@@ -304,7 +307,7 @@ class _Queue:
         self._dirty.add(key)
         self._added_at[key] = now
         if priority < 0:
-            self._low[key] = next(self._low_seq)
+            self._low[key] = (-priority, next(self._low_seq))
         if wake:
             self._m_adds.inc()
         if key not in self._processing:     # else done() queues it: never two workers on one key
@@ -316,7 +319,7 @@ class _Queue:
             self._low.pop(key, None)
             self._first.append(key)
         elif self._low and key in self._low:
-            self._low_line.append((self._low[key], key))
+            heapq.heappush(self._low_line, (*self._low[key], key))
             self._low_queued += 1
         else:
             self._queue.append(key)
@@ -343,12 +346,13 @@ class _Queue:
         self._drop_stale_low_locked()
         line = self._low_line
         if len(line) > 2 * self._low_queued + _LOW_LINE_SLACK:     # amortised O(1)
-            self._low_line = deque(e for e in line if self._low.get(e[1]) == e[0])
+            self._low_line = [e for e in line if self._low.get(e[2]) == e[:2]]
+            heapq.heapify(self._low_line)
 
     def _drop_stale_low_locked(self) -> None:
         line, low = self._low_line, self._low
-        while line and low.get(line[0][1]) != line[0][0]:
-            line.popleft()
+        while line and low.get(line[0][2]) != line[0][:2]:
+            heapq.heappop(line)
 
     def _depth_locked(self) -> int:
         return len(self._first) + len(self._queue) + self._low_queued

@@ -409,7 +409,7 @@ def test_a_part_replacing_others_takes_their_objects_and_enqueues_only_what_chan
     assert sorted(k.name for k in inf.store.keys()) == ["a1", "a2", "a3", "b1"]
 
 
-def test_a_lists_objects_awaiting_their_reconcile_are_not_queued_low():
+def test_a_lists_objects_awaiting_their_reconcile_go_ahead_of_its_others_behind_events():
     from k8s_http.control.workqueue import WorkQueue
     from k8s_http.core.objects import AWAITS_RECONCILE_READS, awaits_reconcile
     seen = []
@@ -428,9 +428,9 @@ def test_a_lists_objects_awaiting_their_reconcile_are_not_queued_low():
             o["status"]["observedGeneration"] = observed
         return o
     done, new, changed = obj("done", 1, 1), obj("new", 1), obj("changed", 2, 1)
-    inf._on_sync("ns", [done, new, changed])           # a first list: low, but for those
+    inf._on_sync("ns", [done, new, changed])           # a first list: low, those less so
     inf._on_event("ADDED", _named("event"))
-    assert _taken(q) == ["new", "changed", "event", "done"]
+    assert _taken(q) == ["event", "new", "changed", "done"]
     # Built with the mapper's and the test's fields alone.
     assert seen[0] == {"metadata": {"name": "done", "namespace": "ns", "generation": 1},
                        "status": {"observedGeneration": 1}}

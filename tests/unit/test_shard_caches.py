@@ -154,12 +154,12 @@ def test_a_part_losing_slots_before_its_first_list_starts_again_on_what_it_keeps
         o["metadata"]["name"] for o in objs if slot(o) < 80}
 
 
-def test_keys_held_back_come_back_low_unless_their_object_awaits_its_reconcile():
+def test_keys_held_back_come_back_low_those_awaiting_their_reconcile_first():
     clock, primary, children, queue, caches, objs = setup()
     caches.select(frozenset(range(256)))
     assert caches.defer(1, queue, ObjectKey("ns", "unchanged"))
     assert caches.defer(2, queue, ObjectKey("ns", "new"), urgent=True)
     list_part(primary, newest(primary), [])
     list_part(children, newest(children), [])
-    queue.add(ObjectKey("ns", "event"))
-    assert drain(queue) == ["new", "event", "unchanged"]
+    queue.add(ObjectKey("ns", "event"))             # the held slots' events go first
+    assert drain(queue) == ["event", "new", "unchanged"]

@@ -512,7 +512,7 @@ def test_property_concurrent_workers(seed, n_keys, n_ops, p_delayed, p_readd):
         elif roll < p_delayed * 1.5:
             q.add_rate_limited(key)
         else:
-            q.add(key, priority=rng.choice((0, LOW_PRIORITY)))
+            q.add(key, priority=rng.choice((0, -1, LOW_PRIORITY)))
 
     def producer(index):
         rng = random.Random(seed + index)
@@ -689,7 +689,18 @@ def test_low_keys_wait_behind_every_key_of_priority_zero_or_more(clock):
     q.add_after("held", 0, priority=1)
     q.add("l4", priority=-1)               # any negative priority is low
     q.add("b")
-    assert drain(q) == ["held", "a", "b", "l1", "l2", "l3", "l4"]
+    assert drain(q) == ["held", "a", "b", "l4", "l1", "l2", "l3"]
+
+
+def test_the_low_line_serves_the_highest_priority_first_then_the_earliest(clock):
+    q = WorkQueue("q", clock=clock)
+    q.add_many(["l1", "l2"], priority=LOW_PRIORITY)
+    q.add_many(["u1", "u2"], priority=-1)
+    q.add("l3", priority=LOW_PRIORITY)
+    q.add("u3", priority=-1)
+    q.add("m", priority=-50)
+    q.add("u1", priority=LOW_PRIORITY)     # a lower add moves nothing down
+    assert drain(q) == ["u1", "u2", "u3", "m", "l1", "l2", "l3"]
 
 
 def test_an_ordinary_add_raises_a_low_key_and_a_low_add_lowers_nothing(clock):
