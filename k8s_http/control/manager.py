@@ -200,6 +200,9 @@ class Manager:
             self._metrics_auth = MetricsAuthorizer(ApiClient(self.client.transport))
 
         self._informers: dict[tuple[Resource, str | None], Informer] = {}
+        # The informers' parts added after start (a sharded replica's slots taken
+        # over) make their first lists one at a time (Informer: list_gate).
+        self._list_gate = threading.Lock()
         self._controllers: list[_Controller] = []
         self._deletion_watches: dict[str, DeletionWatches] = {}   # by controller name
         self._threads: list[threading.Thread] = []
@@ -246,7 +249,8 @@ class Manager:
             store = Store(transform=transform or strip_managed_fields)
             informer = Informer(self.client, resource, namespaces=self.namespaces,
                                 label_selector=label_selector, store=store,
-                                metrics=self.metrics, clock=self._clock)
+                                metrics=self.metrics, clock=self._clock,
+                                list_gate=self._list_gate)
             self._informers[key] = informer
             informer.add_sync_listener(self._on_cache_synced)
             check_name = f"informer-{resource}"
