@@ -127,7 +127,7 @@ class _Part:
                  "listed", "superseded", "gated", "gate_held")
 
     def __init__(self, id_: int, keep: Callable[[dict], bool] | None, replaced: list[_Part],
-                 on_synced: Callable[[], None] | None):
+                 on_synced: Callable[[], None] | None, gated: bool = False):
         self.id = id_
         self.keep = keep
         self.replaced = replaced
@@ -139,7 +139,7 @@ class _Part:
         self.superseded: set[str | None] = set()
         # Added after the informer started: each scope's first list waits for the
         # list gate; gate_held: the scopes whose watcher thread holds it.
-        self.gated = False
+        self.gated = gated
         self.gate_held: set[str | None] = set()
 
 
@@ -258,8 +258,8 @@ class Informer:
         """
         with self._deliver_lock, self._lock:
             replaced = [self._parts[i] for i in replaces if i in self._parts]
-            part = _Part(next(self._part_ids), keep, replaced, on_synced)
-            part.gated = self._list_gate is not None and self._started
+            part = _Part(next(self._part_ids), keep, replaced, on_synced,
+                         gated=self._list_gate is not None and self._started)
             part.watchers = {ns: self._new_watcher(part, ns, label_selector, shard_selector)
                              for ns in self._scopes}
             self._parts[part.id] = part

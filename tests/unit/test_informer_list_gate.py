@@ -48,17 +48,18 @@ def gated_part(informer: Informer) -> FakeWatcher:
     return informer._parts[part_id].watchers["ns"]
 
 
-def informers(gate):
-    return (FakeInformer(None, MYS, namespaces=["ns"], list_gate=gate),
-            FakeInformer(None, DEPLOYMENTS, namespaces=["ns"], list_gate=gate))
+def first_listing_second_added():
+    """Two informers sharing a gate: a part of the first's listing, then one of the second's."""
+    gate = threading.Lock()
+    mys = FakeInformer(None, MYS, namespaces=["ns"], list_gate=gate)
+    deployments = FakeInformer(None, DEPLOYMENTS, namespaces=["ns"], list_gate=gate)
+    first = gated_part(mys)
+    assert first.started.wait(WAIT)
+    return gate, mys, deployments, first, gated_part(deployments)
 
 
 def test_parts_added_after_start_list_one_at_a_time_across_informers():
-    gate = threading.Lock()
-    mys, deployments = informers(gate)
-    first = gated_part(mys)
-    assert first.started.wait(WAIT)
-    second = gated_part(deployments)
+    gate, mys, deployments, first, second = first_listing_second_added()
     assert not second.started.wait(0.3)             # waits for the first one's list
     first.may_list.set()
     assert first.listed.wait(WAIT)
@@ -71,11 +72,7 @@ def test_parts_added_after_start_list_one_at_a_time_across_informers():
 
 
 def test_a_part_stopped_before_its_list_gives_the_gate_back_and_one_waiting_gives_up():
-    gate = threading.Lock()
-    mys, deployments = informers(gate)
-    first = gated_part(mys)
-    assert first.started.wait(WAIT)
-    second = gated_part(deployments)
+    gate, mys, deployments, _, second = first_listing_second_added()
     deployments.stop()                              # stopped while waiting: never runs
     mys.stop()                                      # stopped while listing: the gate goes back
     assert not second.started.is_set()
