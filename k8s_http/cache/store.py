@@ -302,6 +302,19 @@ class Store:
         with self._lock:
             return self._objects.keys_in(None)
 
+    def leaves(self, path: tuple[str, ...]) -> list[object]:
+        """The leaf at `path` of every cached object (None where it has none),
+        without building a single object: for counts over a whole cache."""
+        with self._lock:
+            stored = self._objects.values()
+        return [leaf(s, path) for s in stored]
+
+    @property
+    def version(self) -> int:
+        """A number that changes whenever an object is added, replaced or removed:
+        what was computed over the whole cache at one version holds until it moves."""
+        return self._seq
+
     def by_index(self, index: str, value: str) -> list[dict]:
         """Objects filed under `value` in `index`; KeyError for an unknown index."""
         with self._lock:

@@ -165,6 +165,7 @@ class Manager:
                 on_drain_timeout=self._on_drain_timeout, metrics=self.metrics, clock=clock,
                 drain_timeout_seconds=graceful_shutdown_timeout_seconds)
             self.client.write_guard = self._member.check
+            self.metrics.init_shard_ranges(self._shard_caches.objects_per_range)
         self._elector: LeaderElector | None = None
         if leader_elect:
             lease_name = leader_election_id or name

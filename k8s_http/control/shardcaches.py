@@ -29,13 +29,14 @@ import functools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from ..cache.informer import LISTED_URGENT_PRIORITY, LOW_PRIORITY, Informer
 from ..core import shards
 from ..core.objects import ObjectKey, meta_of
 
-__all__ = ["ShardCaches", "CONSOLIDATE_AFTER_SECONDS"]
+__all__ = ["ShardCaches", "CONSOLIDATE_AFTER_SECONDS", "slot_of_label"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,17 @@ log = logging.getLogger(__name__)
 # parts are merged into one: long enough that a rolling update's joins and
 # leaves (seconds apart) are merged once, not once per replica.
 CONSOLIDATE_AFTER_SECONDS = 30.0
+
+_UID = ("metadata", "uid")
+
+
+def slot_of_label(value: object) -> int | None:
+    """The slot a child's slot label names (shards.slot_label_value), None if it names none."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 3:
+        slot = int(value)
+        if slot < shards.SLOTS:
+            return slot
+    return None
 
 
 class _SlotPart:
@@ -90,6 +102,8 @@ class ShardCaches:
         self._took_over = False     # the informers' own first parts are gone
         # select() and consolidate_if_due() one at a time (they add and drop parts).
         self._changing = threading.Lock()
+        # informer -> (its store's version, its objects per slot then): see _per_slot.
+        self._counted: dict[Informer, tuple[int, Counter]] = {}
 
     def add_primary(self, informer: Informer) -> None:
         self._primaries.append(informer)
@@ -220,6 +234,43 @@ class ShardCaches:
     def pending_slots(self) -> int:
         with self._lock:
             return len(self._pending)
+
+    # ---- what the caches hold, per range (a scrape's thread) ----
+
+    def objects_per_range(self) -> list[tuple[str, str, int]]:
+        """(resource, range, objects cached in it) for each sharded informer and
+        each contiguous hash range [start, end) the held slots make up (named by
+        shards.span_text): the
+        ranges this replica serves, and how full each is. Empty while nothing is held."""
+        spans = shards.ranges_of_slots(self._held).spans
+        rows = []
+        for informer in self.informers():
+            per_slot = self._per_slot(informer)
+            resource = str(informer.resource)
+            for start, end in spans:
+                slots = range(shards.slot_of_hash(start), shards.slot_of_hash(end - 1) + 1)
+                rows.append((resource, shards.span_text((start, end)),
+                             sum(per_slot[s] for s in slots)))
+        return rows
+
+    def _per_slot(self, informer: Informer) -> Counter:
+        """The informer's cached objects per slot: a primary's by its uid's hash,
+        a child's by its slot label; read from one leaf of each object (nothing is
+        built). Hashing 10,000 uids takes ~90 ms, so counts are kept until the
+        store changes: an idle replica's scrapes count nothing."""
+        store = informer.store
+        version = store.version
+        counted = self._counted.get(informer)
+        if counted is not None and counted[0] == version:
+            return counted[1]
+        if informer in self._primaries:
+            per_slot = Counter(shards.slot_of(uid) for uid in store.leaves(_UID)
+                               if isinstance(uid, str))
+        else:
+            per_slot = Counter(slot_of_label(value) for value in
+                               store.leaves(("metadata", "labels", self.slot_label)))
+        self._counted[informer] = (version, per_slot)
+        return per_slot
 
     # ---- consolidation (the supervisor's thread) ----
 

@@ -61,6 +61,7 @@ __all__ = [
     "slot_of_hash",
     "slot_of",
     "slot_span",
+    "span_text",
     "ranges_of_slots",
     "assign",
     "slots_of",
@@ -178,6 +179,12 @@ def slot_span(slot: int) -> tuple[int, int]:
         raise ValueError(f"slot {slot} is not in [0, {SLOTS})")
     width = HASH_SPACE // SLOTS
     return slot * width, (slot + 1) * width
+
+
+def span_text(span: tuple[int, int]) -> str:
+    """A span [start, end) as metrics and logs name it: "0x<start>-0x<end>", the
+    bounds spelled as in shardRange (the end of the space is 0x10000000000000000)."""
+    return f"0x{span[0]:016x}-0x{span[1]:016x}"
 
 
 def ranges_of_slots(slots: Iterable[int]) -> Ranges:

@@ -12,14 +12,14 @@ import decimal
 import math
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import generate_latest as _generate_text
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-__all__ = ["Metrics", "TalliedCounter", "build_info_name", "RECONCILE_RESULTS",
+__all__ = ["Metrics", "TalliedCounter", "RangeObjects", "build_info_name", "RECONCILE_RESULTS",
            "go_float", "generate_text",
            "WATCH_RESTART_REASONS", "WATCH_EVENT_TYPES",
            "DECODE_ERROR_KINDS", "WORKQUEUE_BUCKETS", "exponential_buckets"]
@@ -308,6 +308,38 @@ class Metrics:
             "From the ring round that first found slots assigned to this replica to the "
             "one that held them (their previous owner's release, then the claim), per "
             "claimed batch", buckets=_HANDOVER_BUCKETS, registry=r)
+
+    def init_shard_ranges(self, objects_per_range: Callable[[], Iterable[
+            tuple[str, str, int]]]) -> None:
+        """k8s_http_shard_range_objects{resource, range}, read at each scrape from
+        `objects_per_range()`: (resource, range, objects) rows, ShardCaches'."""
+        if not hasattr(self, "shard_range_objects"):
+            self.shard_range_objects = RangeObjects(objects_per_range, registry=self.registry)
+
+
+class RangeObjects:
+    """k8s_http_shard_range_objects{resource, range}: one series per contiguous hash
+    range a sharded replica holds, per resource, the objects cached in it. Its
+    series are the ranges held, so they come and go with the slots; computed at
+    scrape time (a Gauge's children would have to be removed one by one)."""
+
+    NAME = "k8s_http_shard_range_objects"
+    HELP = ("Objects cached per contiguous hash range [start, end) of metadata.uid "
+            "(children: of their owner's) this replica holds, by resource")
+
+    def __init__(self, objects_per_range: Callable[[], Iterable[tuple[str, str, int]]],
+                 *, registry: CollectorRegistry):
+        self._objects_per_range = objects_per_range
+        registry.register(self)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self.NAME, self.HELP, labels=("resource", "range"))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=("resource", "range"))
+        for resource, range_text, objects in self._objects_per_range():
+            family.add_metric((resource, range_text), objects)
+        yield family
 
 
 class TalliedCounter:

@@ -63,19 +63,23 @@ def http_get(port: int, path: str, *, token: str | None = None,
         conn.close()
 
 
-def metric_sum(text: str, name: str, /, **labels: str) -> float:
-    """Sum of the samples of `name` in Prometheus text whose labels include `labels`.
-
-    Positional-only `name`, so a label called `name` (the Lease's, the queue's) can be given.
-    """
-    total = 0.0
+def metric_series(text: str, name: str, /, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each sample of `name` in Prometheus text whose labels
+    include `labels`. Positional-only `name`, so a label called `name` (the
+    Lease's, the queue's) can be given."""
+    series = []
     for line in text.splitlines():
         if not (line.startswith(name + "{") or line.startswith(name + " ")):
             continue
         found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line.split("}")[0]))
         if all(found.get(k) == v for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+            series.append((found, float(line.rsplit(" ", 1)[1])))
+    return series
+
+
+def metric_sum(text: str, name: str, /, **labels: str) -> float:
+    """Sum of the samples of `name` in Prometheus text whose labels include `labels`."""
+    return sum(value for _, value in metric_series(text, name, **labels))
 
 
 def kubectl(plane, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -31,11 +31,12 @@ import pytest
 import yaml
 
 from k8s_http.core.objects import DEPLOYMENTS, LEASES, SERVICES
-from k8s_http.core.shards import slot_of, slots_of as slots_of_member
+from k8s_http.core.shards import ranges_of_slots, slot_of, slots_of as slots_of_member, span_text
 from k8s_http.control.sharding import decode_slots
 from my.spec import LABEL_INSTANCE as INSTANCE, SLOT_LABEL
 from tests.e2e.operator_process import (MANAGED_BY, MANIFESTS, MY, SYSTEM_NS, install_manifests,
-                                        is_available, kubectl, make_my, micro_time_to_epoch)
+                                        is_available, kubectl, make_my, metric_series,
+                                        micro_time_to_epoch)
 from tests.e2e.process_kubelet import ProcessKubelet
 from tests.support.controlplane import ControlPlane, ControlPlaneError
 from tests.support.wait import eventually
@@ -197,8 +198,16 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
             per_replica[s[0]] += 1
         figures["steady: My per replica"] = dict(per_replica)
         for name, op in ops.items():
-            assert op.metric("k8s_http_cache_objects", resource=str(MY)) == \
-                sum(1 for n, s in steady.items() if s in shares[name])
+            mine = sum(1 for n, s in steady.items() if s in shares[name])
+            assert op.metric("k8s_http_cache_objects", resource=str(MY)) == mine
+            # Its metrics name the ranges it holds, and how many objects each has.
+            text = op.metrics_text()
+            for resource in (MY, DEPLOYMENTS):
+                ranges = {labels["range"]: value for labels, value in metric_series(
+                    text, "k8s_http_shard_range_objects", resource=str(resource))}
+                assert set(ranges) == {span_text(span) for span in
+                                       ranges_of_slots(shares[name]).spans}, (name, resource)
+                assert sum(ranges.values()) == mine, (name, resource, ranges)
 
         # SIGKILL one replica: the others keep serving; its slots move after expiry.
         victim, survivors = "shard-a", ("shard-b", "shard-c")

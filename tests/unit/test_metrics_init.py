@@ -7,7 +7,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from k8s_http import CONFIGMAPS, DEPLOYMENTS, SERVICES, ClusterConfig, Manager
+from k8s_http.core.objects import Resource
 from k8s_http.ops.metrics import Metrics, build_info_name
+
+MYS = Resource("mine.jp", "v1", "mys", "My")
 
 
 @pytest.fixture
@@ -61,3 +64,26 @@ def test_my_controller_still_exports_my_controller_build_info():
     exposition = generate_latest(registry).decode()
     assert 'my_controller_build_info{manager="my-controller",version="0.1.0"} 1.0' in exposition
     assert "widget" not in exposition
+
+
+def test_a_sharded_manager_exports_the_objects_of_each_range_it_holds():
+    registry = CollectorRegistry()
+    mgr = Manager(ClusterConfig(server="http://127.0.0.1:1"), "my-controller",
+                  namespaces=["a"], shards=True, shard_label="sharding.example.com/slot",
+                  leader_election_namespace="sys", registry=registry)
+    mgr.add_controller(MYS, lambda key: None, owns=[DEPLOYMENTS])
+    text = generate_latest(registry).decode()
+    # Nothing held yet: the family is there, with no range.
+    assert "# TYPE k8s_http_shard_range_objects gauge" in text
+    assert "k8s_http_shard_range_objects{" not in text
+    mgr._shard_caches.select(frozenset(range(128, 256)))
+    text = generate_latest(registry).decode()
+    for resource in ("mys.mine.jp", "deployments.apps"):
+        assert ('k8s_http_shard_range_objects{range="0x8000000000000000-0x10000000000000000",'
+                f'resource="{resource}"}} 0.0') in text
+
+
+def test_an_unsharded_manager_has_no_shard_families():
+    registry = CollectorRegistry()
+    Manager(ClusterConfig(server="http://127.0.0.1:1"), "my-controller", registry=registry)
+    assert "k8s_http_shard_" not in generate_latest(registry).decode()

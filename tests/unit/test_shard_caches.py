@@ -7,7 +7,7 @@ import random
 import uuid
 
 from k8s_http.cache.informer import Informer, own_key, owner_key
-from k8s_http.control.shardcaches import ShardCaches
+from k8s_http.control.shardcaches import ShardCaches, slot_of_label
 from k8s_http.control.workqueue import WorkQueue
 from k8s_http.core import shards
 from k8s_http.core.objects import DEPLOYMENTS, ObjectKey, Resource
@@ -163,3 +163,42 @@ def test_keys_held_back_come_back_low_those_awaiting_their_reconcile_first():
     list_part(children, newest(children), [])
     queue.add(ObjectKey("ns", "event"))             # the held slots' events go first
     assert drain(queue) == ["event", "new", "unchanged"]
+
+
+def test_objects_per_range_names_each_held_range_with_the_objects_cached_in_it():
+    clock, primary, children, queue, caches, objs = setup(n=300)
+    assert caches.objects_per_range() == []        # nothing held, nothing named
+    held = frozenset([*range(0, 40), *range(100, 130), 200])
+    caches.select(held)
+    list_part(primary, newest(primary), objs)
+    list_part(children, newest(children), [child(o) for o in objs if slot(o) in held])
+    spans = shards.ranges_of_slots(held).spans
+    assert len(spans) == 3
+
+    def expected(gone=()):
+        def count(span):
+            return sum(1 for o in objs if o not in gone
+                       and span[0] <= shards.fnv1a_64(o["metadata"]["uid"]) < span[1])
+        return [(str(resource), shards.span_text(span), count(span))
+                for resource in (MYS, DEPLOYMENTS) for span in spans]
+
+    assert caches.objects_per_range() == expected()
+    assert sum(n for _, _, n in caches.objects_per_range()) == 2 * sum(
+        1 for o in objs if slot(o) in held)
+
+    # Counted again only once a cache has changed (an idle scrape hashes nothing).
+    reads = []
+    real_leaves = primary.store.leaves
+    primary.store.leaves = lambda path: reads.append(path) or real_leaves(path)
+    caches.objects_per_range()
+    assert reads == []
+    gone = next(o for o in objs if slot(o) in held)
+    primary.store.delete(gone)
+    assert caches.objects_per_range()[:3] == expected(gone=[gone])[:3]
+    assert len(reads) == 1
+
+
+def test_a_child_slot_label_names_a_slot_only_when_it_is_one():
+    assert [slot_of_label(v) for v in ("0", "17", "255")] == [0, 17, 255]
+    assert [slot_of_label(v) for v in ("256", "-1", "0x1", "", " 1", "٣", None, 3)] == \
+        [None] * 8
