@@ -378,18 +378,22 @@ def stream_timeline(per: PerObject, slots: dict[str, int], owners: dict[int, str
     """One row per `My` of the stream, times in seconds since the kill: its create sent,
     the operator's first apply of its Deployment as the apiserver received it (the
     reconcile had started: before it, watch delivery and the queue), its first status
-    write done (apiserver), and that status seen by the bench's watch. `owner`: the
-    survivor holding its slot at the end; `dead`: in the killed replica's slots."""
+    write done (apiserver), and that status seen by the bench's watch; `apply_server`:
+    the apiserver's own time on that apply (received -> response complete), which
+    tells a slow server from a slow operator. `owner`: the survivor holding its slot
+    at the end; `dead`: in the killed replica's slots."""
     def rel(wall):
         return None if wall is None else round(wall - wall_at_kill, 3)
     rows = []
     for name, slot in sorted(slots.items(), key=lambda item: per.created[item[0]]):
         first = writes.get(name, {})
+        applied = first.get("patch deployments") or (None, None)
         status = per.first_status.get(name)
         rows.append({
             "name": name, "slot": slot, "dead": slot in dead_slots, "owner": owners.get(slot),
             "created": round(per.created[name] - killed, 3),
-            "deployment_applied": rel((first.get("patch deployments") or (None,))[0]),
+            "deployment_applied": rel(applied[0]),
+            "apply_server": None if applied[0] is None else round(applied[1] - applied[0], 4),
             "status_written": rel((first.get("patch my/status") or (None, None))[1]),
             "seen": None if status is None else round(status - killed, 3)})
     return rows

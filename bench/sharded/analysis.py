@@ -170,7 +170,10 @@ def waits_by_creation(timeline: list[dict], threshold: float | None, *,
               event's delivery, the work queue, a free worker);
     - write:  that apply -> the first status write done (the reconcile: two applies,
               an Event, the status, each an apiserver round trip);
-    - seen:   that status write -> the bench's watch shows it.
+    - seen:   that status write -> the bench's watch shows it;
+
+    and over all of them, "apply_server_p50": the apiserver's own time on that
+    first apply (a slow server, as opposed to a slow operator).
     """
     rows: dict[int, list[dict]] = {}
     for row in timeline:
@@ -192,8 +195,14 @@ def waits_by_creation(timeline: list[dict], threshold: float | None, *,
                     "p50": part(made, "created", "seen"),
                     "waited_queue_p50": part(waited, "created", "deployment_applied"),
                     "waited_write_p50": part(waited, "deployment_applied", "status_written"),
-                    "waited_seen_p50": part(waited, "status_written", "seen")})
+                    "waited_seen_p50": part(waited, "status_written", "seen"),
+                    "apply_server_p50": _median([r["apply_server"] for r in made
+                                                 if r.get("apply_server") is not None])})
     return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def survivors_by_window(samples: list[dict], *, window: float = CREATION_WINDOW

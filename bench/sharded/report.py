@@ -159,6 +159,10 @@ def _failover_table(failover: dict, settings: dict) -> list[str]:
     return out
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
 def _each_ms(values) -> str:
     return " + ".join("–" if v is None else f"{v:.0f} ms" for v in values or []) or "–"
 
@@ -175,18 +179,21 @@ def _waits_table(failover: dict) -> list[str]:
            "Deployment received by the apiserver (watch delivery, work queue, a free worker); "
            "*write* = that apply → its first status write done (the reconcile's requests); "
            "*seen* = that write → the bench's watch shows it (audit log times, one clock). "
+           "*Server* = over all of them, the p50 of the apiserver's own time on that first "
+           "apply (audit: received → response complete). "
            "Beside it, over the same window: the cores used by each survivor and by kube-apiserver "
            "and etcd, and each survivor's mean work-queue wait and request time (its own "
            "metrics; a key queued low counts too).", "",
-           "| created | count | waited | p50 | waited: queue | write | seen | survivors' cores "
-           "| apiserver | etcd | survivors' queue wait | request |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| created | count | waited | p50 | waited: queue | write | seen | server "
+           "| survivors' cores | apiserver | etcd | survivors' queue wait | request |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in windows:
         used = by_window.get(w["from"]) or {}
         out.append(f"| {w['from']:g}–{w['to']:g} s | {w['created']} | {w['waited']} | "
                    f"{_num(w['p50'], '.2f', ' s')} | {_num(w['waited_queue_p50'], '.2f', ' s')} | "
                    f"{_num(w['waited_write_p50'], '.2f', ' s')} | "
                    f"{_num(w['waited_seen_p50'], '.2f', ' s')} | "
+                   f"{_num(_ms(w.get('apply_server_p50')), '.0f', ' ms')} | "
                    f"{' + '.join(f'{c:.2f}' for c in used.get('survivors', [])) or '–'} | "
                    f"{_num(used.get('kube-apiserver'), '.2f')} | {_num(used.get('etcd'), '.2f')} | "
                    f"{_each_ms(used.get('queue_ms'))} | {_each_ms(used.get('request_ms'))} |")

@@ -281,17 +281,18 @@ def test_recovery_is_all_slots_held_then_every_survivor_ready_after_its_last_cha
     assert analysis.recovery([], None)["queue_peak"] is None
 
 
-def _row(name, created, applied, written, seen, *, dead=False):
+def _row(name, created, applied, written, seen, *, dead=False, server=None):
     return {"name": name, "slot": 1, "dead": dead, "owner": "b", "created": created,
-            "deployment_applied": applied, "status_written": written, "seen": seen}
+            "deployment_applied": applied, "status_written": written, "seen": seen,
+            "apply_server": server}
 
 
 def test_waits_by_creation_splits_the_survivors_waits_where_they_went():
     timeline = [_row("before", -3.0, -2.9, -2.8, -2.7),           # before the kill: left out
                 _row("theirs", 1.0, 9.0, 9.2, 9.3, dead=True),    # the killed one's: left out
-                _row("fast", 0.5, 0.6, 0.7, 0.75),
-                _row("queued", 1.0, 7.0, 7.2, 7.3),
-                _row("slow-write", 2.0, 2.1, 6.1, 6.2),
+                _row("fast", 0.5, 0.6, 0.7, 0.75, server=0.008),
+                _row("queued", 1.0, 7.0, 7.2, 7.3, server=0.006),
+                _row("slow-write", 2.0, 2.1, 6.1, 6.2, server=0.9),
                 _row("lost", 6.0, None, None, None)]
     rows = analysis.waits_by_creation(timeline, threshold=1.0)
     assert [(r["from"], r["to"], r["created"], r["waited"]) for r in rows] == \
@@ -301,7 +302,9 @@ def test_waits_by_creation_splits_the_survivors_waits_where_they_went():
     assert first["waited_queue_p50"] == pytest.approx((6.0 + 0.1) / 2)
     assert first["waited_write_p50"] == pytest.approx((0.2 + 4.0) / 2)
     assert first["waited_seen_p50"] == pytest.approx(0.1)
+    assert first["apply_server_p50"] == pytest.approx(0.008)   # over all three, waited or not
     assert rows[1]["p50"] is None and rows[1]["waited_queue_p50"] is None
+    assert rows[1]["apply_server_p50"] is None
 
 
 def test_survivors_by_window_from_cumulative_samples():
@@ -325,13 +328,13 @@ def test_survivors_by_window_from_cumulative_samples():
 def test_the_waits_table_puts_each_window_beside_the_cores_used():
     failover = {"by_creation": [{"from": 0.0, "to": 5.0, "created": 60, "waited": 12,
                                  "p50": 0.4, "waited_queue_p50": 3.5, "waited_write_p50": 0.2,
-                                 "waited_seen_p50": 0.01}],
+                                 "waited_seen_p50": 0.01, "apply_server_p50": 0.052}],
                 "survivors_samples": [
                     {"t": 0.0, "cpu": [1.0, 1.0], "plane_cpu": {"kube-apiserver": 0.0,
                                                                 "etcd": 0.0}},
                     {"t": 5.0, "cpu": [5.0, 3.0], "plane_cpu": {"kube-apiserver": 6.0,
                                                                 "etcd": 1.0}}]}
     text = "\n".join(report._waits_table(failover))
-    assert "| 0–5 s | 60 | 12 | 0.40 s | 3.50 s | 0.20 s | 0.01 s | 0.80 + 0.40 | 1.20 | 0.20 " \
-           "| – | – |" in text
+    assert "| 0–5 s | 60 | 12 | 0.40 s | 3.50 s | 0.20 s | 0.01 s | 52 ms | 0.80 + 0.40 | 1.20 " \
+           "| 0.20 | – | – |" in text
     assert report._waits_table({}) == []
