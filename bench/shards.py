@@ -124,7 +124,8 @@ class ShardReplica(OurOperator):
         return self._readyz() == 200
 
     def slots_held(self) -> float:
-        return scrape(self.metrics_port).get("k8s_http_shard_slots_held", 0.0)
+        return scrape(self.metrics_port, ("k8s_http_shard_slots_held",), only=True
+                      ).get("k8s_http_shard_slots_held", 0.0)
 
 
 def replica(cluster, work_dir: Path, args, pod_name: str, namespace: str) -> ShardReplica:
@@ -419,7 +420,7 @@ def follow(cluster, survivors: list[ShardReplica], killed: float, done, poll: fl
     while not done() and time.monotonic() < deadline:
         ready, held, queued, timings = [], [], [], []
         for op in survivors:
-            metrics = scrape(op.metrics_port, wanted)
+            metrics = scrape(op.metrics_port, wanted, only=True)
             held.append(metrics.get("k8s_http_shard_slots_held", 0.0))
             queued.append(sum(v for k, v in metrics.items() if k.startswith("workqueue_depth")))
             timings.append({what: [sum(v for k, v in metrics.items()

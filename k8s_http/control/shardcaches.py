@@ -277,8 +277,11 @@ class ShardCaches:
             self._uid_slots[informer] = slots       # the uids gone are forgotten
             per_slot = Counter(slots.values())
         else:
-            per_slot = Counter(slot_of_label(value) for value in
-                               store.leaves(("metadata", "labels", self.slot_label)))
+            # Counted by label value first (in C), then the 256-odd values read.
+            per_slot = Counter()
+            for value, count in Counter(
+                    store.leaves(("metadata", "labels", self.slot_label))).items():
+                per_slot[slot_of_label(value)] += count
         self._counted[informer] = (version, per_slot)
         return per_slot
 

@@ -81,6 +81,14 @@ def test_a_sharded_manager_exports_the_objects_of_each_range_it_holds():
     for resource in ("mys.mine.jp", "deployments.apps"):
         assert ('k8s_http_shard_range_objects{range="0x8000000000000000-0x10000000000000000",'
                 f'resource="{resource}"}} 0.0') in text
+    # A scrape that asks for other families (`?name[]=`) counts nothing.
+    counted = []
+    mgr.metrics.shard_range_objects._objects_per_range = lambda: counted.append(1) or []
+    generate_latest(registry)
+    assert counted == [1]
+    assert "k8s_http_shard_range_objects{" not in generate_latest(
+        registry.restricted_registry(["k8s_http_shard_slots_held"])).decode()
+    assert counted == [1]
 
 
 def test_an_unsharded_manager_has_no_shard_families():
