@@ -1,12 +1,14 @@
 """The Manager end to end against the fake apiserver: wiring, probes, metrics, graceful stop."""
 
 import http.client
+import sys
 import threading
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from k8s_http import CONFIGMAPS, LEASES, SERVICES, Manager, ObjectKey, Projection, Result
+from k8s_http.control.manager import GIL_SWITCH_SECONDS
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.wait import eventually
 
@@ -53,8 +55,11 @@ def test_reconciles_primary_and_owned_changes_and_serves_probes(server):
         return None
 
     mgr.add_controller(CONFIGMAPS, reconcile, owns=[SERVICES], workers=2)
+    default_switch = sys.getswitchinterval()
     mgr.start()
     try:
+        # A worker's request waits for the GIL at most 1 ms behind a list's decoding.
+        assert sys.getswitchinterval() == GIL_SWITCH_SECONDS == 0.001
         port = mgr.server_ports[0]
         eventually(lambda: _get(port, "/readyz")[0] == 200, message="readyz never turned 200")
         eventually(lambda: (ObjectKey(NS, "a"), True) in seen)
@@ -75,6 +80,7 @@ def test_reconciles_primary_and_owned_changes_and_serves_probes(server):
         assert "_created" not in metrics      # controller-runtime exports no _created series
     finally:
         assert mgr.stop() == 0
+        sys.setswitchinterval(default_switch)
     assert mgr.stop() == 0          # idempotent
 
 
