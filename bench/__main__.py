@@ -32,6 +32,7 @@ BENCHMARKS = {
     "shards": "shards",
     "fuzz": "fuzz",
     "watch_decode": "watch_decode",
+    "gil_switch": "gil_switch",
     "pipeline": "pipeline",
     "write_memory": "write_memory",
     "footprint": "footprint",

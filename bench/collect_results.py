@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ["summary", "watch_decode", "pipeline", "converge", "scale", "shards", "startup_list", "write_memory", "leader",
+SECTIONS = ["summary", "watch_decode", "gil_switch", "pipeline", "converge", "scale", "shards", "startup_list", "write_memory", "leader",
             "image_footprint", "footprint", "controlplane", "soak", "chaos", "fuzz"]
 
 

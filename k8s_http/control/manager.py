@@ -80,12 +80,12 @@ MALLOC_ARENAS = 2
 # How long a thread keeps the GIL while another waits for it (CPython's default:
 # 5 ms). A watcher decoding a large list (start-up, slots taken over, a relist)
 # runs Python without pause, and each time a worker's request wakes up (its
-# answer has come) it waits for the GIL for up to this long: a 5.5 ms request
-# took 11 ms (p90 17-19 ms) beside a thread packing objects, 6.5 ms (p90 8 ms)
-# at 1 ms, for 5-7 % fewer objects packed meanwhile. Nothing changes while one
-# thread runs alone. In the shards bench, a survivor taking over slots served
-# its own new `My` at 2-4/s instead of 7/s with the default (docs/SHARDING.md,
-# section 10).
+# answer has come) it waits for the GIL for up to this long. Beside a thread
+# packing objects, a 5.6 ms request took 11.3 ms (p90 18 ms) at 5 ms and 6.8 ms
+# (p90 8 ms) at 1 ms, the packing 0.89x as fast meanwhile; one thread alone is
+# not affected (`python -m bench gil_switch`, bench/RESULTS.gil_switch.md).
+# (A survivor listing the slots it took over still serves its own new `My`
+# slower: its host is saturated; docs/SHARDING.md, section 10.)
 GIL_SWITCH_SECONDS = 0.001
 
 
