@@ -181,9 +181,8 @@ def waits_by_creation(timeline: list[dict], threshold: float | None, *,
             rows.setdefault(int(row["created"] // window), []).append(row)
 
     def part(items: list[dict], start: str, end: str) -> float | None:
-        spans = [r[end] - r[start] for r in items
-                 if r.get(start) is not None and r.get(end) is not None]
-        return statistics.median(spans) if spans else None
+        return _median([r[end] - r[start] for r in items
+                        if r.get(start) is not None and r.get(end) is not None])
 
     out = []
     for index in sorted(rows):

@@ -36,7 +36,7 @@ from ..cache.informer import LISTED_URGENT_PRIORITY, LOW_PRIORITY, Informer
 from ..core import shards
 from ..core.objects import ObjectKey, meta_of
 
-__all__ = ["ShardCaches", "CONSOLIDATE_AFTER_SECONDS", "slot_of_label"]
+__all__ = ["ShardCaches", "CONSOLIDATE_AFTER_SECONDS"]
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,6 @@ log = logging.getLogger(__name__)
 CONSOLIDATE_AFTER_SECONDS = 30.0
 
 _UID = ("metadata", "uid")
-
-
-def slot_of_label(value: object) -> int | None:
-    """The slot a child's slot label names (shards.slot_label_value), None if it names none."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 3:
-        slot = int(value)
-        if slot < shards.SLOTS:
-            return slot
-    return None
 
 
 class _SlotPart:
@@ -242,8 +233,8 @@ class ShardCaches:
     def objects_per_range(self) -> list[tuple[str, str, int]]:
         """(resource, range, objects cached in it) for each sharded informer and
         each contiguous hash range [start, end) the held slots make up (named by
-        shards.span_text): the
-        ranges this replica serves, and how full each is. Empty while nothing is held."""
+        shards.span_text): the ranges this replica serves, and how full each is.
+        Empty while nothing is held."""
         spans = shards.ranges_of_slots(self._held).spans
         rows = []
         for informer in self.informers():
@@ -281,7 +272,7 @@ class ShardCaches:
             per_slot = Counter()
             for value, count in Counter(
                     store.leaves(("metadata", "labels", self.slot_label))).items():
-                per_slot[slot_of_label(value)] += count
+                per_slot[shards.slot_of_label(value)] += count
         self._counted[informer] = (version, per_slot)
         return per_slot
 

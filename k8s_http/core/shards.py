@@ -70,6 +70,7 @@ __all__ = [
     "keeps",
     "is_server_filtered",
     "slot_label_value",
+    "slot_of_label",
     "slot_label_selector",
 ]
 
@@ -250,6 +251,16 @@ def slot_label_value(slot: int) -> str:
     if not 0 <= slot < SLOTS:
         raise ValueError(f"slot {slot} is not in [0, {SLOTS})")
     return str(slot)
+
+
+def slot_of_label(value: object) -> int | None:
+    """The slot a child's slot label names (`slot_label_value`'s inverse), None if
+    it names none (a value the operator never writes: not a decimal slot)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 3:
+        slot = int(value)
+        if slot < SLOTS:
+            return slot
+    return None
 
 
 def slot_label_selector(key: str, slots: Iterable[int]) -> str:

@@ -7,7 +7,7 @@ import random
 import uuid
 
 from k8s_http.cache.informer import Informer, own_key, owner_key
-from k8s_http.control.shardcaches import ShardCaches, slot_of_label
+from k8s_http.control.shardcaches import ShardCaches
 from k8s_http.control.workqueue import WorkQueue
 from k8s_http.core import shards
 from k8s_http.core.objects import DEPLOYMENTS, ObjectKey, Resource
@@ -199,6 +199,7 @@ def test_objects_per_range_names_each_held_range_with_the_objects_cached_in_it()
 
 
 def test_a_child_slot_label_names_a_slot_only_when_it_is_one():
+    slot_of_label = shards.slot_of_label
     assert [slot_of_label(v) for v in ("0", "17", "255")] == [0, 17, 255]
     assert [slot_of_label(v) for v in ("256", "-1", "0x1", "", " 1", "٣", None, 3)] == \
         [None] * 8
