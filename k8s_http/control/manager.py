@@ -250,6 +250,10 @@ class Manager:
                                               "shutting down" if self._is_stopping() else "ok"))
         if self._member is not None:
             self.readyz.add("shards", self._member.ready)
+            # The ring's watch: a wedged one is cured by a restart like any other
+            # (without it, every ring round lists: slower, never wrong).
+            ring = self._member.ring
+            self.healthz.add("informer-shard-ring", lambda: ring.is_healthy(now=self._clock()))
 
     # ---- building -------------------------------------------------------
 
@@ -604,6 +608,8 @@ class Manager:
                 trimmer.tick()
                 for informer in self._informers.values():
                     informer.restart_if_dead()
+                if self._member is not None:
+                    self._member.ring.restart_if_dead()
                 if self._shard_caches is not None:
                     self._shard_caches.consolidate_if_due()
                 for controller in self._controllers:

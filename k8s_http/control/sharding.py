@@ -14,8 +14,13 @@ bitmap of SLOTS bits in hex (`encode_slots`). Every write of the Lease,
 renewals included, carries the annotation, so the Lease catches up with the
 member within a renewal period even when a write of the ring loop failed.
 
-The ring loop lists the ring's Leases every `poll_seconds` (a consistent
-read) and runs the handshake of docs/SHARDING.md section 4 (`plan` decides):
+The ring's Leases are watched (an Informer over the label): a round runs
+on every change of one and at least every `round_seconds`, which is what
+lets a silent Lease expire on time. A round reads the watch's cache, so one
+that finds nothing to do costs no request; one that would release or claim
+first lists the ring (a consistent read) and acts on that list alone. Before
+the watch's first list, and without one, every round lists. Each round runs
+the handshake of docs/SHARDING.md section 4 (`plan` decides):
 
 1. release first: a held slot the member no longer owns in `assign(live)` is
    released at once (no new reconcile of it starts: its keys are dropped),
@@ -29,7 +34,11 @@ read) and runs the handshake of docs/SHARDING.md section 4 (`plan` decides):
    withdrawn (both claimants may withdraw: the next round settles it);
 4. a Lease not seen changing for its duration (or with no holder: released)
    lists nothing; its holder stopped at its renew deadline, 5 s before. A
-   Lease that vanished (deleted) lists what it last listed until then.
+   Lease that vanished (deleted) lists what it last listed until then. The
+   watch's cache and the lists are two views of the ring, one perhaps behind
+   the other: a Lease's record is taken only from a view at least as recent
+   (by resourceVersion) as the one it was last taken from, so a cache behind
+   a list never makes a Lease look renewed (or expired) again.
 
 Fencing: the runner's reconcile runs inside `working(slot)`, which sets a
 context variable; `check()` (the write guard) refuses a write unless the
@@ -51,8 +60,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from ..cache.informer import Informer, own_key
 from ..core import errors, shards
-from ..core.objects import LEASES
+from ..core.objects import LEASES, is_older_version
 from ..ops.metrics import Metrics
 from .leader import (LEASE_DURATION_SECONDS, LeaderElector, LeaderRecord, Observation,
                      is_expired, observe)
@@ -62,9 +72,11 @@ __all__ = ["ShardMember", "NotOwnerError", "encode_slots", "decode_slots", "plan
 
 log = logging.getLogger(__name__)
 
-# How often the ring's Leases are listed: a released slot is claimed within
-# about this long (plus a claim write and a list).
-POLL_SECONDS = 0.5
+# The longest time between two rounds: a Lease that stopped changing is found
+# expired within about this long after its duration. Changes of the ring come
+# through the watch and start a round at once. A round that needs no request
+# costs ~0.1 ms (the assignment of a set of members is remembered).
+ROUND_SECONDS = 0.5
 
 # The slot of a reconcile whose object is not cached: never held, so its
 # writes are refused (see the module docstring).
@@ -112,10 +124,12 @@ def decode_slots(text: object) -> frozenset[int]:
 @dataclass(frozen=True)
 class SeenLease:
     """Another member's Lease as we last saw it: its record (and when, on our
-    clock, it last changed) and the slots it listed."""
+    clock, it last changed), the slots it listed, and the resourceVersion of
+    the Lease we read them from."""
 
     observation: Observation
     slots: frozenset[int]
+    resource_version: str | None = None
 
 
 def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
@@ -129,7 +143,10 @@ def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
     (deleted) stays in `seen`, live with what it last listed, until it would
     have expired: its member may work on until its renew deadline, and
     nothing else says it stopped. Expired ones still listed stay in `seen`
-    too, or they would look new (and live) on the next round.
+    too, or they would look new (and live) on the next round. A Lease older
+    (by resourceVersion) than the one `seen` was taken from is skipped: the
+    watch's cache may lag a list, and its older record would restart the
+    clock of a member that stopped.
     """
     listed = set()
     for lease in leases:
@@ -139,9 +156,13 @@ def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
             continue
         listed.add(name)
         before = seen.get(name)
+        version = meta.get("resourceVersion")
+        if before is not None and is_older_version(version, before.resource_version):
+            continue
         seen[name] = SeenLease(
             observe(before.observation if before else None, LeaderRecord.from_lease(lease), now),
-            decode_slots((meta.get("annotations") or {}).get(annotation)))
+            decode_slots((meta.get("annotations") or {}).get(annotation)),
+            version if isinstance(version, str) else None)
     members: set[str] = set()
     claims: dict[str, frozenset[int]] = {}
     for name, lease in list(seen.items()):
@@ -175,6 +196,16 @@ def plan(me: str, others: Iterable[str], held: frozenset[int],
 # The member
 
 
+class _Wake:
+    """The ring informer's queue: a change of any ring Lease wakes the ring thread."""
+
+    def __init__(self, event: threading.Event):
+        self._event = event
+
+    def add(self, _key) -> None:
+        self._event.set()
+
+
 class ShardMember:
     """One replica's membership, its slots, the handshake and the write fence.
 
@@ -205,7 +236,8 @@ class ShardMember:
                  label_domain: str, on_change: Callable[[frozenset[int]], None],
                  on_drain_timeout: Callable[[frozenset[int]], None] | None = None,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
-                 poll_seconds: float = POLL_SECONDS, drain_timeout_seconds: float = 25.0):
+                 round_seconds: float = ROUND_SECONDS, drain_timeout_seconds: float = 25.0,
+                 ring: Informer | None = None):
         self._client = client
         self.namespace = namespace
         self.app = app
@@ -216,12 +248,20 @@ class ShardMember:
         self._on_change = on_change
         self._on_drain_timeout = on_drain_timeout
         self._clock = clock
-        self._poll_seconds = poll_seconds
+        self._round_seconds = round_seconds
         self._drain_timeout_seconds = drain_timeout_seconds
         self.metrics = metrics if metrics is not None else Metrics()
         self.elector = LeaderElector(client, namespace=namespace, name=self.lease_name,
                                      identity=identity, metrics=self.metrics, clock=clock,
                                      decorate=self._decorate)
+        # The ring's Leases, watched: any change of one wakes the ring thread.
+        # (`ring`: a stand-in the tests fill; it needs has_synced() and store.)
+        self._wake = threading.Event()
+        self.ring = ring if ring is not None else Informer(
+            client, LEASES, namespaces=[namespace],
+            label_selector=f"{self.ring_label}={app}", metrics=self.metrics, clock=clock)
+        if ring is None:
+            self.ring.add_handler(own_key, _Wake(self._wake))
         self._transition = threading.Lock()
         self._cond = threading.Condition()
         self._held: frozenset[int] = frozenset()
@@ -332,6 +372,7 @@ class ShardMember:
     # ---- running --------------------------------------------------------------
 
     def start(self) -> None:
+        self.ring.start()
         lease = threading.Thread(target=self.elector.run, name="shard-member-lease",
                                  args=(self._stop, self._on_member, self._on_not_member),
                                  daemon=True)
@@ -356,7 +397,11 @@ class ShardMember:
             self._release_locked(self.held, publish=False)
 
     def _run_ring(self) -> None:
-        while not self._stop.wait(self._poll_seconds):
+        while True:
+            self._wake.wait(self._round_seconds)
+            self._wake.clear()          # a change during the round wakes the next one
+            if self._stop.is_set():
+                return
             self.run_round()
 
     def run_round(self) -> None:
@@ -369,7 +414,7 @@ class ShardMember:
         except (errors.ApiError, errors.TransportError) as exc:
             log.log(logging.DEBUG if self._failing else logging.WARNING,
                     "shard ring round failed; held slots kept, retrying every %.1f s",
-                    self._poll_seconds, extra={"error": str(exc)})
+                    self._round_seconds, extra={"error": str(exc)})
             self._failing = True
             return
         except Exception:
@@ -380,10 +425,26 @@ class ShardMember:
             self._failing = False
 
     def _list_claims(self) -> tuple[set[str], dict[str, frozenset[int]]]:
+        """The live members and their claims from a list of the ring: a consistent
+        read, made after every write that returned before it."""
         result = self._client.list(LEASES, namespace=self.namespace,
                                    label_selector=f"{self.ring_label}={self.app}")
-        return live_claims(result.get("items") or [], self.lease_name, self.slots_annotation,
-                           self._seen, self._clock())
+        return self._claims_in(result.get("items") or [])
+
+    def _claims_in(self, leases: Iterable[dict]) -> tuple[set[str], dict[str, frozenset[int]]]:
+        return live_claims(leases, self.lease_name, self.slots_annotation, self._seen,
+                           self._clock())
+
+    def _ring_view(self) -> tuple[set[str], dict[str, frozenset[int]]]:
+        """What this round plans with: the watch's cache when it has listed and
+        shows nothing to do (no request); otherwise a list, so that every
+        release and claim is decided on a consistent read."""
+        if self.ring.has_synced():
+            others, claims = self._claims_in(self.ring.store.list())
+            step = plan(self.identity, others, self.held, claims)
+            if not step.release and not (step.claim - self._draining):
+                return others, claims
+        return self._list_claims()
 
     def tick(self) -> None:
         """One round of the handshake; raises the apiserver's errors (run_round logs them)."""
@@ -391,7 +452,7 @@ class ShardMember:
             return
         if not self._probed:
             self._probe_server_filtering()
-        others, claims = self._list_claims()
+        others, claims = self._ring_view()
         if others != self._members:
             log.info("ring members: %s", sorted({self.identity, *others}))
         self._members = others
@@ -535,6 +596,8 @@ class ShardMember:
         """
         self._left = True
         self._stop.set()
+        self._wake.set()
+        self.ring.stop()
         with self._transition:
             with self._cond:
                 self._held = frozenset()

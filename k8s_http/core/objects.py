@@ -32,6 +32,7 @@ __all__ = [
     "key_of",
     "meta_of",
     "resource_version_of",
+    "is_older_version",
     "controller_of",
     "is_controlled_by",
     "owner_reference",
@@ -136,6 +137,22 @@ def resource_version_of(obj: dict | None) -> str | None:
     """metadata.resourceVersion, or None (no object, or none that is a string)."""
     rv = meta_of(obj).get("resourceVersion")
     return rv if isinstance(rv, str) else None
+
+
+def is_older_version(version: str | None, than: str | None) -> bool:
+    """Is resourceVersion `version` older than `than`, as two versions of one object
+    (or of one resource) compare? Only when both are what the apiserver writes:
+    decimal digits without a leading zero, ordered by length, then digit by digit
+    (KEP-5504, GA in 1.35). Anything else is not comparable: False.
+    """
+    if not (_comparable_version(version) and _comparable_version(than)):
+        return False
+    return (len(version), version) < (len(than), than)     # type: ignore[arg-type]
+
+
+def _comparable_version(version: object) -> bool:
+    return (isinstance(version, str) and version.isascii() and version.isdigit()
+            and version[0] != "0")
 
 
 def key_of(obj: dict) -> ObjectKey:

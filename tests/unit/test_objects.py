@@ -4,6 +4,7 @@ import pytest
 
 from k8s_http import (DEPLOYMENTS, Resource, controller_of, is_controlled_by, key_of, meta_of,
                       owner_reference, resource_version_of)
+from k8s_http.core.objects import is_older_version
 
 
 @pytest.mark.parametrize("obj", [None, {}, {"metadata": None}, {"metadata": "x"}, "not a dict"])
@@ -45,3 +46,12 @@ def test_owner_reference_of_a_cached_object_without_kind_names_the_resource():
 def test_key_of():
     assert str(key_of({"metadata": {"namespace": "ns", "name": "a"}})) == "ns/a"
     assert str(key_of({"metadata": {"name": "node-1"}})) == "node-1"
+
+
+def test_resource_versions_compare_as_the_apiserver_writes_them_and_nothing_else():
+    """KEP-5504 (GA in 1.35): versions of one resource compare as integers."""
+    assert is_older_version("9", "10") and is_older_version("123", "124")
+    assert not is_older_version("10", "9") and not is_older_version("7", "7")
+    # Not what an apiserver writes: not comparable, so never "older".
+    for odd in (None, "", "0", "012", "12a", "١٢", 12):
+        assert not is_older_version(odd, "99") and not is_older_version("5", odd)

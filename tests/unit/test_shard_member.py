@@ -92,12 +92,37 @@ class Ring:
         return {"metadata": {"resourceVersion": self.client.next_resource_version()},
                 "items": [dict(o) for o in items]}
 
+    def ring_leases(self) -> list[dict]:
+        return self._list(LEASES, label_selector="sharding.example.com/ring=app")["items"]
+
     def member(self, name, **kwargs) -> ShardMember:
         self.changes[name] = []
         return ShardMember(self.client, namespace="ns", app="app", member_name=name,
                            identity=f"{name}_x", label_domain="sharding.example.com",
                            on_change=self.changes[name].append, metrics=Metrics(),
                            clock=self.clock, **kwargs)
+
+
+class WatchedRing:
+    """What a member reads of its ring informer, as a stand-in: listed, its store
+    the ring's Leases as they are now, or `frozen` (a watch fallen behind)."""
+
+    def __init__(self, ring: Ring):
+        self._ring = ring
+        self.frozen: list[dict] | None = None
+        self.store = self
+
+    def has_synced(self) -> bool:
+        return True
+
+    def list(self) -> list[dict]:
+        return self._ring.ring_leases() if self.frozen is None else self.frozen
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 def join(member: ShardMember) -> None:
@@ -160,6 +185,72 @@ def test_a_dead_members_slots_move_only_once_its_lease_expired():
     join(a)
     a.tick()
     assert a.held == frozenset(range(SLOTS))
+
+
+def test_live_claims_never_take_a_record_from_a_view_older_than_the_last_one():
+    """The watch's cache may lag a list: its older record of a Lease must not
+    restart that Lease's clock (a stopped member would never expire)."""
+    seen: dict[str, SeenLease] = {}
+    old, new = lease("b", "b_1", {2}), lease("b", "b_1", {2, 3})
+    old["metadata"]["resourceVersion"], new["metadata"]["resourceVersion"] = "9", "10"
+    new["spec"]["renewTime"] = "2026-01-01T00:00:01.000000Z"
+    live_claims([new], "me", ANNOTATION, seen, now=100.0)      # from a list
+    _, claims = live_claims([old], "me", ANNOTATION, seen, now=101.0)   # the cache, behind
+    assert claims == {"b_1": {2, 3}} and seen["b"].observation.observed_at == 100.0
+    members, _ = live_claims([old], "me", ANNOTATION, seen, now=115.0)
+    assert members == set()                                    # expired on time
+
+
+def settled(ring: Ring, *names: str) -> list[ShardMember]:
+    members = [ring.member(n, ring=WatchedRing(ring)) for n in names]
+    for m in members:
+        join(m)
+    for _ in range(2):
+        for m in members:
+            m.tick()
+    assert frozenset().union(*(m.held for m in members)) == frozenset(range(SLOTS))
+    return members
+
+
+def test_rounds_read_the_watched_ring_and_list_only_before_acting():
+    ring = Ring()
+    a, b = settled(ring, "a", "b")
+    ring.client.reset()
+    for second in range(30):              # 30 s of renewals and rounds: nothing to do
+        if second % 2 == 0:
+            join(a), join(b)
+        for _ in range(2):
+            a.tick(), b.tick()
+            ring.clock.advance(0.5)
+    assert "list" not in ring.client.verbs()
+    b_share = b.held
+    b.leave()                             # the watch shows b's Lease released
+    ring.client.reset()
+    a.tick()
+    assert a.held == frozenset(range(SLOTS)) and b_share
+    assert ring.client.verbs().count("list") == 2      # before the claim, and confirming it
+
+
+def test_a_watch_fallen_behind_costs_a_list_per_lease_duration_and_takes_nothing():
+    """a's cache stops moving while b renews: when b's cached record looks expired,
+    a's round lists, finds b renewed and claims nothing; the list's newer record
+    keeps b live until it could have expired again."""
+    ring = Ring()
+    a, b = settled(ring, "a", "b")
+    a_share = a.held
+    a.ring.frozen = ring.ring_leases()
+    ring.client.reset()
+    lists = []
+    for tick in range(2 * 31):            # 31 s, a round every 0.5 s
+        if tick % 4 == 0:
+            join(a), join(b)
+        a.tick()
+        lists.append(ring.client.verbs().count("list"))
+        ring.clock.advance(0.5)
+    assert a.held == a_share
+    # The first list once b's cached record is 15 s old (30 rounds), the next
+    # 15 s after it; none in between.
+    assert lists.index(1) == 30 and lists.index(2) == 60 and lists[-1] == 2
 
 
 def test_a_claim_that_loses_the_race_is_withdrawn():
