@@ -3,7 +3,8 @@
 The chart and manifests/ are two ways to install one thing, so each rendering
 of the chart is compared with the kustomize overlay that means the same:
 default values with `kubectl kustomize manifests/`, secure metrics with
-overlays/secure-metrics, the monitoring values with the monitoring components,
+overlays/secure-metrics, sharding with overlays/sharding, the monitoring
+values with the monitoring components,
 namespace.name/namePrefix with an overlay's namespace:/namePrefix:. Objects
 are compared whole, after taking out the labels only Helm adds (chart,
 instance, version, managed-by). The CRD and the alerts are not written twice:
@@ -32,6 +33,7 @@ MANIFESTS = ROOT / "manifests"
 HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/version",
                "app.kubernetes.io/managed-by"}
 SECURE = MANIFESTS / "overlays" / "secure-metrics"
+SHARDING = MANIFESTS / "overlays" / "sharding"
 ALERTS = MANIFESTS / "components" / "monitoring" / "alerts"
 MONITORING = MANIFESTS / "components" / "monitoring"
 SERVER_NAME = MANIFESTS / "transformers" / "metrics-server-name"
@@ -112,6 +114,7 @@ def test_app_version_is_the_operators():
      "namespace.name=platform-ops", "namePrefix=team-a-", "replicas=2", "logLevel=debug",
      "workers=8", "image.digest=sha256:" + "0" * 64],
     ["namespace.create=false", "namespace.name=", "leaderElection.enabled=false"],
+    ["sharding.enabled=true", "replicas=3"],
 ])
 def test_helm_lint_is_clean(helm, tmp_path, values):
     args = ["lint", "--strict", str(CHART), "--namespace", "elsewhere"]
@@ -133,6 +136,22 @@ def test_default_values_render_what_kustomize_renders(template, kubectl):  # noq
     deployment = next(d for d in rendered if d["kind"] == "Deployment")
     assert deployment["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     assert deployment["metadata"]["labels"]["app.kubernetes.io/instance"] == "my-controller"
+
+
+def test_sharding_renders_the_sharding_overlay(template, kubectl):  # noqa: F811
+    """sharding.enabled (with replicas=3, as the overlay) replaces leader election:
+    --shards=auto, POD_NAME, list and watch on leases."""
+    proc = subprocess.run([kubectl, "kustomize", str(SHARDING)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    kustomized = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    rendered = template("sharding.enabled=true", "replicas=3")
+    assert_same(rendered, kustomized)
+    args = controller.build_parser().parse_args(_container(rendered)["args"])
+    assert args.shards == "auto" and not args.leader_elect
+    # leaderElection is not used then, whatever it says
+    assert_same(template("sharding.enabled=true", "replicas=3", "leaderElection.enabled=false"),
+                kustomized)
 
 
 def test_secure_metrics_render_the_secure_overlay(template, kubectl, tmp_path):  # noqa: F811
@@ -194,6 +213,7 @@ def test_without_leader_election_no_lease_role_and_one_replica(template):
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     proc = template("leaderElection.enabled=false", "replicas=2", check=False)
     assert proc.returncode != 0 and "needs leaderElection.enabled" in proc.stderr
+    assert "or sharding.enabled" in proc.stderr
 
 
 def test_the_release_namespace_as_the_install_namespace(template):
@@ -213,6 +233,8 @@ def test_the_release_namespace_as_the_install_namespace(template):
     ("metrics.secure=yes", "secure"),
     ("image.digest=latest", "digest"),
     ("logLevel=verbose", "logLevel"),
+    ("sharding.enabled=yes", "enabled"),
+    ("sharding.replicas=3", "replicas"),
 ])
 def test_values_schema_refuses_what_would_not_work(template, value, complaint):
     proc = template(value, check=False)

@@ -562,6 +562,8 @@ def json_patch(doc: dict, ops: list[dict]) -> dict:
         if op["op"] == "test":
             current = node[int(last)] if isinstance(node, list) else node[last]
             assert current == op["value"], (op, current)
+        elif op["op"] == "remove":
+            del node[int(last) if isinstance(node, list) else last]
         elif op["op"] == "add" and isinstance(node, list):
             node.insert(len(node) if last == "-" else int(last), op["value"])
         elif op["op"] in ("add", "replace"):
@@ -697,6 +699,7 @@ def test_sharding_overlay_runs_three_members_with_list_and_watch_on_leases():
     args = controller.build_parser().parse_args(container["args"])
     assert args.shards == "auto" and not args.leader_elect
     assert args.leader_election_namespace is None
+    assert not [a for a in container["args"] if a.startswith("--leader-election")]
     (env,) = container["env"]
     assert env["name"] == "POD_NAME"
     assert env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"

@@ -44,8 +44,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* Values that cannot work, refused before anything is applied. */}}
 {{- define "my-controller.validate" -}}
-{{- if and (gt (int .Values.replicas) 1) (not .Values.leaderElection.enabled) -}}
-{{- fail "replicas > 1 needs leaderElection.enabled: without it every replica reconciles the same My at once" -}}
+{{- if and (gt (int .Values.replicas) 1) (not .Values.leaderElection.enabled) (not .Values.sharding.enabled) -}}
+{{- fail "replicas > 1 needs leaderElection.enabled (standbys) or sharding.enabled (each replica its share): without either every replica reconciles the same My at once" -}}
 {{- end -}}
 {{- if and .Values.namespace.create (eq (include "my-controller.namespace" .) .Release.Namespace) -}}
 {{- fail (printf "namespace.create makes the Namespace %q, but Helm keeps the release there and needs it first: install the release in another namespace (-n), or set namespace.create=false" .Release.Namespace) -}}
