@@ -578,7 +578,9 @@ class ShardMember:
                                        label_selector=f"{self.ring_label}={self.app}",
                                        shard_selector=selector)
         except (errors.ApiError, errors.TransportError) as exc:
-            log.info("shardSelector probe failed (tried again next round): %s", exc)
+            # Said once per series of failed rounds, as run_round does.
+            log.log(logging.DEBUG if self._failing else logging.INFO,
+                    "shardSelector probe failed (tried again next round): %s", exc)
             return
         self._probed = True
         on = shards.is_server_filtered(result.get("metadata"), selector)

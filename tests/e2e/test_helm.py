@@ -195,6 +195,43 @@ def test_helm_install_upgrade_and_uninstall(control_plane, api, namespace, fleet
     assert release.helm_run("list", "--short").stdout.strip() == ""
 
 
+def test_helm_sharded_install_shares_the_work_under_the_charts_service_account(
+        control_plane, api, namespace, fleet, release, tmp_path):
+    """sharding.enabled with 2 replicas: each runs (locally, under the chart's
+    ServiceAccount, POD_NAME its Pod's name) with the member Lease and the
+    ring's list and watch its Role allows; together they hold every slot, each
+    caches both member Leases, a My converges, nothing is refused."""
+    release.install("--set", "sharding.enabled=true", "--set", "replicas=2")
+    deployment = api.get(DEPLOYMENTS, f"{release.prefix}my-controller",
+                         namespace=release.namespace)
+    assert deployment["status"].get("readyReplicas") == 2, deployment["status"]
+    service_account, args = release.operator()
+    assert "--shards=auto" in args and "--leader-elect" not in args
+    kubeconfig = control_plane.mint_service_account_kubeconfig(
+        release.namespace, service_account, tmp_path / "sharded.kubeconfig")
+    ops = [fleet.start(f"member-{i}", kubeconfig, *args, "--namespace", namespace,
+                       env={"POD_NAME": f"{release.prefix}my-controller-{i}"})
+           for i in range(2)]
+    for op in ops:
+        op.wait_ready()
+    eventually(lambda: sum(op.metric("k8s_http_shard_slots_held") for op in ops) == 256
+               and all(op.metric("k8s_http_shard_slots_held") for op in ops), timeout=30,
+               interval=0.2, message="the two replicas do not share the slots")
+    for i, op in enumerate(ops):
+        # Its member Lease, named after its Pod, held by it; the ring watched.
+        member = f"my-controller-member-{release.prefix}my-controller-{i}"
+        assert lease_spec(api, release.namespace, member)["holderIdentity"] == op.identity
+        assert op.metric("k8s_http_cache_objects", resource="leases.coordination.k8s.io") == 2
+    api.create(MY, make_my("sharded", namespace), namespace=namespace)
+    eventually(lambda: is_available(api, "sharded", namespace), timeout=60, interval=0.2,
+               message="sharded never Available")
+    for op in ops:
+        assert op.metric("rest_client_requests_total", code="403") == 0
+        op.signal(signal.SIGTERM)
+    for op in ops:
+        op.expect_clean_exit(timeout=30)
+
+
 def _gone_or_terminating(api, name: str) -> bool:
     try:
         return bool(api.get(NAMESPACES, name)["metadata"].get("deletionTimestamp"))

@@ -3,6 +3,7 @@ informer's reselect (issue 37, docs/SHARDING.md)."""
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import uuid
@@ -15,6 +16,7 @@ from k8s_http.control.sharding import (UNCACHED, NotOwnerError, SeenLease, Shard
                                        current_slot, decode_slots, encode_slots, live_claims,
                                        plan)
 from k8s_http.core import shards
+from k8s_http.core.errors import ForbiddenError
 from k8s_http.core.objects import LEASES, ObjectKey
 from k8s_http.core.shards import SLOTS, ranges_of_slots, slots_of
 from k8s_http.ops.metrics import Metrics
@@ -251,6 +253,23 @@ def test_a_watch_fallen_behind_costs_a_list_per_lease_duration_and_takes_nothing
     # The first list once b's cached record is 15 s old (30 rounds), the next
     # 15 s after it; none in between.
     assert lists.index(1) == 30 and lists.index(2) == 60 and lists[-1] == 2
+
+
+def test_rounds_refused_by_rbac_say_so_once_and_hold_nothing(caplog):
+    """A Role without `list` on leases: the first round warns (and the probe says
+    it failed), the next ones are quiet (debug), and no slot is held."""
+    ring = Ring()
+    a = ring.member("a")
+    join(a)
+    ring.client.fail_on["list"] = ForbiddenError(403, 'leases is forbidden: cannot "list"')
+    with caplog.at_level(logging.DEBUG, logger="k8s_http.control.sharding"):
+        for _ in range(5):
+            a.run_round()
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(loud) == 2, loud
+    assert loud[0].startswith("shardSelector probe failed")
+    assert loud[1].startswith("shard ring round failed")
+    assert a.held == frozenset() and not a.ready()[0]
 
 
 def test_a_claim_that_loses_the_race_is_withdrawn():
