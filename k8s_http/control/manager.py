@@ -166,7 +166,8 @@ class Manager:
         self._member: ShardMember | None = None
         self._shard_caches: ShardCaches | None = None
         if shards:
-            self._shard_caches = ShardCaches(shard_label, clock=clock)
+            self._shard_caches = ShardCaches(shard_label, clock=clock,
+                                             on_cached=self._on_cache_synced)
             self._member = ShardMember(
                 ApiClient(self.client.transport),
                 namespace=leader_election_namespace or config.namespace, app=name,
@@ -453,9 +454,13 @@ class Manager:
 
     def _on_cache_synced(self) -> None:
         """Logged once, when the last cache has synced: from then on /readyz is 200
-        (a standby's too: its caches are warm for a takeover)."""
+        (a standby's too: its caches are warm for a takeover). Sharded, once the
+        first share is cached too: the caches start empty and synced (nothing is
+        selected before slots are claimed), and the collector's fill settings
+        (gctuning.CacheFill) must last until the share's lists are in."""
         with self._synced_lock:
-            if self._synced_logged or not self._caches_synced():
+            if self._synced_logged or not self._caches_synced() or (
+                    self._shard_caches is not None and not self._shard_caches.filled()):
                 return
             self._synced_logged = True
         self._cache_fill.end()

@@ -79,9 +79,14 @@ class ShardCaches:
     threads, which may be waiting for this lock in `_listed`)."""
 
     def __init__(self, slot_label: str, *, clock: Callable[[], float] = time.monotonic,
-                 consolidate_after_seconds: float = CONSOLIDATE_AFTER_SECONDS):
+                 consolidate_after_seconds: float = CONSOLIDATE_AFTER_SECONDS,
+                 on_cached: Callable[[], None] | None = None):
+        """`on_cached()`: called (on a watcher's thread) each time gained slots
+        have listed in every sharded informer; `filled()` then says whether
+        every held slot is cached."""
         self.slot_label = slot_label
         self._clock = clock
+        self._on_cached = on_cached
         self._consolidate_after = consolidate_after_seconds
         self._primaries: list[Informer] = []
         self._children: list[tuple[Informer, str | None]] = []
@@ -204,6 +209,8 @@ class ShardCaches:
                 part.replaces = []
         log.info("cached %d slots in %.3f s (%d keys were waiting for them)", len(part.slots),
                  self._clock() - part.since, len(deferred))
+        if self._on_cached is not None:
+            self._on_cached()
         by_queue: dict[tuple[int, int], tuple[object, int, list[ObjectKey]]] = {}
         for queue, key, urgent in deferred:
             priority = LISTED_URGENT_PRIORITY if urgent else LOW_PRIORITY
@@ -227,6 +234,12 @@ class ShardCaches:
     def pending_slots(self) -> int:
         with self._lock:
             return len(self._pending)
+
+    def filled(self) -> bool:
+        """Slots are held and every one of them is cached: the replica's share
+        is in (until then its caches hold nothing, or part of it)."""
+        with self._lock:
+            return bool(self._held) and not self._pending
 
     # ---- what the caches hold, per range (a scrape's thread) ----
 

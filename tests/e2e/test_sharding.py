@@ -197,6 +197,14 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
                    timeout=30, interval=0.2, message="the slots were not shared out")
         shares = {n: lease_slots(client, namespace, n) for n in REPLICAS}
         assert sum(len(s) for s in shares.values()) == 256
+        # "caches synced" (and the end of the start-up GC settings) once the
+        # replica's share is cached, not when its empty caches first are.
+        for name, op in ops.items():
+            eventually(lambda op=op: "caches synced" in op.messages(), timeout=10,
+                       interval=0.1, message=f"{name}: no 'caches synced' line")
+            said = op.messages()
+            first_cached = next(i for i, m in enumerate(said) if m.startswith("cached "))
+            assert said.index("caches synced") > first_cached, (name, said[:20])
         assert frozenset().union(*shares.values()) == frozenset(range(256))
         figures["slots per replica"] = {n: len(s) for n, s in shares.items()}
 

@@ -31,14 +31,14 @@ def child(owner, rv="1"):
                                               "name": meta["name"], "controller": True}]}}
 
 
-def setup(n=60):
+def setup(n=60, on_cached=None):
     clock = FakeClock()
     primary = Informer(None, MYS, namespaces=["ns"])
     children = Informer(None, DEPLOYMENTS, namespaces=["ns"])
     queue = WorkQueue("q")
     primary.add_handler(own_key, queue)
     children.add_handler(owner_key("My", "mine.jp"), queue)
-    caches = ShardCaches(LABEL, clock=clock, consolidate_after_seconds=30)
+    caches = ShardCaches(LABEL, clock=clock, consolidate_after_seconds=30, on_cached=on_cached)
     caches.add_primary(primary)
     caches.add_children(children, None)
     rng = random.Random(7)
@@ -203,3 +203,24 @@ def test_a_child_slot_label_names_a_slot_only_when_it_is_one():
     assert [slot_of_label(v) for v in ("0", "17", "255")] == [0, 17, 255]
     assert [slot_of_label(v) for v in ("256", "-1", "0x1", "", " 1", "٣", None, 3)] == \
         [None] * 8
+
+
+def test_filled_once_every_held_slot_is_cached_and_told_each_time_slots_are():
+    """The Manager ends the start-up fill (gctuning.CacheFill) and logs "caches
+    synced" only when the share is in: before any claim the caches are empty."""
+    told = []
+    clock, primary, children, queue, caches, objs = setup(
+        on_cached=lambda: told.append(caches.filled()))
+    assert not caches.filled()                      # nothing held yet
+    caches.select(frozenset())
+    assert not caches.filled() and primary.has_synced()   # synced, and empty
+    caches.select(frozenset(range(128)))
+    list_part(primary, newest(primary), objs)
+    assert not caches.filled() and told == []       # the children are still listing
+    list_part(children, newest(children), [child(o) for o in objs if slot(o) < 128])
+    assert caches.filled() and told == [True]
+    caches.select(frozenset(range(256)))
+    assert not caches.filled()                      # gained slots listing
+    list_part(primary, newest(primary), objs)
+    list_part(children, newest(children), [child(o) for o in objs if slot(o) >= 128])
+    assert told == [True, True]
