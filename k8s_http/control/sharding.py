@@ -599,7 +599,6 @@ class ShardMember:
         self._left = True
         self._stop.set()
         self._wake.set()
-        self.ring.stop()
         with self._transition:
             with self._cond:
                 self._held = frozenset()
@@ -612,6 +611,7 @@ class ShardMember:
                 self.elector.release()
             except Exception:
                 log.exception("releasing the member lease failed")
+        self.ring.stop()            # after the release: the handover waits for no watch
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=5.0)
