@@ -243,6 +243,7 @@ class ShardMember:
         self.app = app
         self.identity = identity
         self.ring_label = f"{label_domain}/ring"
+        self._ring_selector = f"{self.ring_label}={app}"     # the ring's Leases
         self.slots_annotation = f"{label_domain}/slots"
         self.lease_name = f"{app}-member-{member_name}"
         self._on_change = on_change
@@ -259,7 +260,7 @@ class ShardMember:
         self._wake = threading.Event()
         self.ring = ring if ring is not None else Informer(
             client, LEASES, namespaces=[namespace],
-            label_selector=f"{self.ring_label}={app}", metrics=self.metrics, clock=clock)
+            label_selector=self._ring_selector, metrics=self.metrics, clock=clock)
         if ring is None:
             self.ring.add_handler(own_key, _Wake(self._wake))
         self._transition = threading.Lock()
@@ -428,7 +429,7 @@ class ShardMember:
         """The live members and their claims from a list of the ring: a consistent
         read, made after every write that returned before it."""
         result = self._client.list(LEASES, namespace=self.namespace,
-                                   label_selector=f"{self.ring_label}={self.app}")
+                                   label_selector=self._ring_selector)
         return self._claims_in(result.get("items") or [])
 
     def _claims_in(self, leases: Iterable[dict]) -> tuple[set[str], dict[str, frozenset[int]]]:
@@ -575,7 +576,7 @@ class ShardMember:
         selector = shards.Ranges.everything().shard_selector()
         try:
             result = self._client.list(LEASES, namespace=self.namespace, limit=1,
-                                       label_selector=f"{self.ring_label}={self.app}",
+                                       label_selector=self._ring_selector,
                                        shard_selector=selector)
         except (errors.ApiError, errors.TransportError) as exc:
             # Said once per series of failed rounds, as run_round does.

@@ -98,10 +98,14 @@ def admin_kubeconfig(plane) -> str:
     return str(plane.admin_kubeconfig)
 
 
-def writes(plane, verbs=("create", "update", "patch", "delete")
-           ) -> list[tuple[float, str, str, str]]:
-    """(time, replica, namespace/name, resource) of every successful write by a
-    replica (or of every request with one of `verbs`)."""
+def writes(plane) -> list[tuple[float, str, str, str]]:
+    """(time, replica, namespace/name, resource) of every successful write by a replica."""
+    return audited(plane, ("create", "update", "patch", "delete"))
+
+
+def audited(plane, verbs) -> list[tuple[float, str, str, str]]:
+    """(time, replica, namespace/name, resource) of every successful request with
+    one of `verbs` by a replica, as the audit policy records them."""
     out = []
     for line in plane.audit_log.read_text().splitlines():
         try:
@@ -138,7 +142,7 @@ def owners_by_object(plane, namespace, *, since: float = 0.0,
 def ring_lists(plane, *, since: float, until: float) -> int:
     """Lists of the ring's Leases by the replicas between two time.time() marks:
     the ring is watched, so only a round about to release or claim lists."""
-    return sum(1 for when, _, _, _ in writes(plane, verbs=("list",))
+    return sum(1 for when, _, _, _ in audited(plane, ("list",))
                if since <= micro_time_to_epoch(when) < until)
 
 
