@@ -16,7 +16,8 @@ bytes to DIR/<plural>.jsonl: the watch events as the apiserver sent them.
          what bench/scaling/bare.py's client does once bytes are off the socket;
   ours   the operator's three informers (controller.PROJECTIONS, the managed
          fields cut from the bytes, packing, the stores, the sync step, the
-         owner mapping, one work queue), each until it has synced;
+         owner mapping, the primary's urgent test, one work queue), each until
+         it has synced;
 
 and prints each round's process CPU and the ratio ours ÷ bare, then the median.
 
@@ -60,6 +61,7 @@ from my.spec import MY
 from k8s_http.wire.client import ApiClient, WatchStream
 from k8s_http.config.cluster import load_config
 from k8s_http.core.errors import K8sHttpError
+from k8s_http.core.objects import AWAITS_RECONCILE_READS, awaits_reconcile
 from k8s_http.cache.informer import Informer, own_key, owner_key
 from k8s_http.cache.store import Store
 from k8s_http.cache.watchstep import INITIAL_EVENTS_END
@@ -166,7 +168,11 @@ def ours(recordings: dict[str, bytes]) -> int:
     for resource, selector, mapper in READS:
         informer = Informer(client, resource, namespaces=["recorded"], label_selector=selector,
                             store=Store(transform=PROJECTIONS[resource]))
-        informer.add_handler(mapper, queue)
+        if resource is MY:      # as Manager.add_controller adds the primary's handler
+            informer.add_handler(mapper, queue, urgent=awaits_reconcile,
+                                 urgent_reads=AWAITS_RECONCILE_READS)
+        else:
+            informer.add_handler(mapper, queue)
         synced = threading.Event()
         informer.add_sync_listener(synced.set)
         for watcher in informer.watchers:
