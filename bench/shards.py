@@ -41,6 +41,10 @@ with `--feature-gates=ShardedListAndWatch=<gate>`. In order:
             --stream-seconds, one replica SIGKILLed --kill-at seconds in. Per `My`,
             create -> converged: its first status of its generation (written after
             both children), as the bench's label-selected watch sees it.
+  rejoin    (after the failover) a new replica spawned into the survivors' ring, as
+            a rolling restart brings one: its start-up to ready with the share the
+            survivors hand it, its figures once settled (beside the single
+            replica's, per slot held), the writes meanwhile (0 expected).
 
 Bytes read: the operator counts no response bytes, so rchar: every byte the
 process got from read(2) and its kin, of any descriptor, but not recv(2). That
@@ -400,6 +404,40 @@ def stream_timeline(per: PerObject, slots: dict[str, int], owners: dict[int, str
     return rows
 
 
+def rejoin(cluster, work_dir: Path, args, survivors: list[ShardReplica], name: str,
+           size: int) -> dict:
+    """A new replica spawned into the running ring after the failover, as a rolling
+    restart or a rescheduled Pod brings one: the survivors, holding every slot, hand
+    it its share through the drain handshake while they keep serving. Its start-up
+    (spawn -> ready with that share) and figures once the ring has settled, and the
+    writes to `My` and children meanwhile (0 expected). Alone of the phases, the
+    replica measured starts while no other replica starts: what it costs per slot
+    is not inflated by two others listing beside it on the same cores."""
+    joiner = replica(cluster, work_dir, args, name, NAMESPACE)
+    ops = [*survivors, joiner]
+    samples: dict[str, list] = {op.pod_name: [] for op in ops}
+    out: dict = {"load_average_at_start": os.getloadavg(),
+                 "survivors_slots_before": [op.slots_held() for op in survivors]}
+    mark = cluster.counter.mark()
+    try:
+        joiner.start(name)
+        out["settled_seconds"] = wait_settled(
+            ops, samples, args, args.timeout_seconds + size * args.timeout_per_my)
+        time.sleep(args.settle_seconds)
+        out["replicas"] = [replica_figures(joiner, samples[name])]
+        out["survivors_slots_after"] = [op.slots_held() for op in survivors]
+    except Exception as err:              # recorded; the run goes on
+        log(f"  FAILED: {err}")
+        out["error"] = str(err)
+    finally:
+        stop_all([joiner])
+        counts = cluster.counter.since(mark)
+        out["writes_by_kind"] = dict(sorted(counts.by_kind.items()))
+        out["object_writes"] = sum(n for what, n in counts.by_kind.items()
+                                   if not what.endswith((" leases", " events")))
+    return out
+
+
 # Histograms of each survivor sampled by follow() (their _sum and _count, every label
 # set added up): its work queue's wait, its reconciles' time, its requests' time.
 TIMINGS = {"queue": "workqueue_queue_duration_seconds", "work": "workqueue_work_duration_seconds",
@@ -450,6 +488,10 @@ def summarise(data: dict) -> None:
         run["comparison_above_idle"] = {
             key: analysis.compare(single, three, key, baseline=idle[0].get(key))
             for key in ("rss_mib", "read_bytes")}
+    rejoined = (data.get("rejoin") or {}).get("replicas")
+    single = (((data["gates"].get("on") or {}).get("single") or {}).get("replicas") or [None])[0]
+    if rejoined:
+        data["rejoin"]["comparison"] = analysis.compare_joiner(single, rejoined[0])
     data["goals"] = [g.as_dict() for g in analysis.goals(data["gates"], data.get("failover"))]
 
 
@@ -570,9 +612,15 @@ def measure(args, argv: list[str]) -> tuple[dict, Path]:
                     f"SIGKILL of one replica at {args.kill_at:g} s")
                 try:
                     data["failover"] = failover(cluster, ops, args)
+                    log("  " + report.failover_line(data["failover"]))
+                    harness.save(out, data)
+                    joiner = f"{gate}-{chr(ord('a') + args.replicas)}"
+                    log(f"rejoin: {joiner} spawned into the ring of the survivors")
+                    data["rejoin"] = rejoin(cluster, work_dir, args, ops[1:], joiner,
+                                            args.size)
+                    log("    " + report.group_line(data["rejoin"]))
                 finally:
                     stop_all(ops)
-                log("  " + report.failover_line(data["failover"]))
                 harness.save(out, data)
     summarise(data)
     for goal in data["goals"]:

@@ -12,6 +12,8 @@
   in windows of creation time, each wait split into where it went;
   `survivors_by_window(samples)`: the cores the survivors and the plane used
   meanwhile, and the survivors' mean queue wait, reconcile and request times;
+- `compare_joiner(single, joiner)`: a replica that joined the running ring
+  against the single one, per slot held too;
 - `goals(...)`: issue 37 item 5's goals on one run's figures.
 """
 
@@ -81,6 +83,20 @@ def compare(single: dict | None, replicas: list[dict], key: str,
             "max": max(known) if known else None,
             "max_ratio": max(known_ratios) if len(known_ratios) == len(replicas) and replicas
             else None}
+
+
+def compare_joiner(single: dict | None, joiner: dict) -> dict:
+    """A replica that joined a running ring against the single replica: ready, RSS,
+    bytes read and CPU as ratios, and CPU per slot held (each one's CPU, spawn ->
+    steady, over its slots), which says whether a sharded replica's work costs more
+    per object than the single one's or only looked so beside two others."""
+    out = {key: compare(single, [joiner], key)["max_ratio"]
+           for key in ("ready_seconds", "rss_mib", "read_bytes", "cpu_seconds")}
+    per_slot = [None if not r or r.get("cpu_seconds") is None or not r.get("slots")
+                else r["cpu_seconds"] / r["slots"] for r in (single, joiner)]
+    out["cpu_per_slot"] = {"single": per_slot[0], "joiner": per_slot[1],
+                           "ratio": ratio(per_slot[1], per_slot[0])}
+    return out
 
 
 def spread(values: Iterable[float]) -> dict:

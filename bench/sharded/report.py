@@ -159,6 +159,45 @@ def _failover_table(failover: dict, settings: dict) -> list[str]:
     return out
 
 
+def _rejoin_table(rejoin: dict, data: dict) -> list[str]:
+    out = ["### A replica joining the running ring (gate on, after the failover)", ""]
+    if "error" in rejoin:
+        return out + [f"Failed: {rejoin['error']}", ""]
+    joiner = (rejoin.get("replicas") or [{}])[0]
+    run = (data.get("gates") or {}).get("on") or {}
+    single = ((run.get("single") or {}).get("replicas") or [{}])[0]
+    three = (run.get("three") or {}).get("replicas") or []
+    c = rejoin.get("comparison") or {}
+    slots = lambda held: " + ".join(f"{h:.0f}" for h in held or []) or "–"
+    out += [f"{joiner.get('name', '?')} spawned while the survivors served the fleet and the "
+            f"stream's `My` (load average {', '.join(f'{x:.1f}' for x in rejoin.get('load_average_at_start', []))}); "
+            f"their slots {slots(rejoin.get('survivors_slots_before'))} before, "
+            f"{slots(rejoin.get('survivors_slots_after'))} after; the ring settled "
+            f"{_num(rejoin.get('settled_seconds'), '.1f')} s after the spawn. Writes to `My` and "
+            f"children meanwhile: {rejoin.get('object_writes')}. This is the start-up a rolling "
+            "restart or a rescheduled Pod has; the goal above is judged on the replicas "
+            "spawned together.", "",
+            "| | single (on-solo) | joiner | joiner ÷ single |", "|---|---|---|---|"]
+    for label, key, fmt in ROWS:
+        if key is None:
+            out.append(f"| {label} | {_objects(single)} | {_objects(joiner)} | |")
+            continue
+        ratio = c.get(key) if key in COMPARED else None
+        out.append(f"| {label} | {fmt(single.get(key))} | {fmt(joiner.get(key))} | "
+                   f"{_num(ratio, '.2f', '×')} |")
+    per_slot = c.get("cpu_per_slot") or {}
+    together = [r["cpu_seconds"] / r["slots"] for r in three
+                if r.get("cpu_seconds") is not None and r.get("slots")]
+    out.append(f"| CPU per slot held, spawn → steady | {_num(per_slot.get('single'), '.3f', ' s')} | "
+               f"{_num(per_slot.get('joiner'), '.3f', ' s')} | "
+               f"{_num(per_slot.get('ratio'), '.2f', '×')} |")
+    if together and per_slot.get("single"):
+        out += ["", "CPU per slot of the replicas spawned together, for comparison: "
+                + ", ".join(f"{t:.3f} s ({t / per_slot['single']:.2f}×)" for t in together) + "."]
+    out.append("")
+    return out
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
@@ -241,6 +280,8 @@ def write_markdown(path: Path, data: dict) -> None:
         out += _gate_table(gate, run)
     if data.get("failover"):
         out += _failover_table(data["failover"], settings)
+    if data.get("rejoin"):
+        out += _rejoin_table(data["rejoin"], data)
 
     fleet, converge = data.get("fleet") or {}, data.get("converge") or {}
     idle = ((data.get("idle") or {}).get("replicas") or [{}])[0]

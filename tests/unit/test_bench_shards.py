@@ -222,6 +222,43 @@ def test_summarise_and_markdown(tmp_path):
     assert "python -m bench shards --size 2000" in text and " Whole run: 10.0 min.\n" in text
 
 
+def test_a_joiner_is_compared_with_the_single_replica_per_slot_too(tmp_path):
+    mib = 1024 * 1024
+    single = {**_replica("on-solo", 256, 10.0, 100.0, 100 * mib), "cpu_seconds": 25.6}
+    together = [{**_replica(n, 80, 9.0, 40.0, 30 * mib), "cpu_seconds": 11.2}
+                for n in ("on-a", "on-b", "on-c")]
+    joiner = {**_replica("on-d", 64, 3.0, 35.0, 25 * mib), "cpu_seconds": 6.4}
+    data = {"meta": {}, "settings": {"size": 2000, "replicas": 3},
+            "gates": {"on": {"single": {"replicas": [single]},
+                             "three": {"replicas": together}}},
+            "rejoin": {"replicas": [joiner], "object_writes": 0,
+                       "survivors_slots_before": [128, 128], "survivors_slots_after": [96, 96],
+                       "settled_seconds": 5.5, "load_average_at_start": [1.0, 2.0, 3.0]}}
+    shards.summarise(data)
+    c = data["rejoin"]["comparison"]
+    assert c["ready_seconds"] == pytest.approx(0.3)
+    assert c["cpu_per_slot"] == {"single": pytest.approx(0.1), "joiner": pytest.approx(0.1),
+                                 "ratio": pytest.approx(1.0)}
+    path = tmp_path / "RESULTS.shards.md"
+    report.write_markdown(path, data)
+    text = path.read_text()
+    assert "### A replica joining the running ring" in text
+    assert "their slots 128 + 128 before, 96 + 96 after" in text
+    assert "| start-up: spawn → ready with its share | 10.00 s | 3.00 s | 0.30× |" in text
+    assert "| CPU per slot held, spawn → steady | 0.100 s | 0.100 s | 1.00× |" in text
+    assert "0.140 s (1.40×)" in text
+
+
+def test_a_failed_rejoin_says_so_and_compares_nothing(tmp_path):
+    data = {"meta": {}, "settings": {"size": 10}, "gates": {},
+            "rejoin": {"error": "not settled within 180 s", "object_writes": 0}}
+    shards.summarise(data)
+    assert "comparison" not in data["rejoin"]
+    path = tmp_path / "RESULTS.shards.md"
+    report.write_markdown(path, data)
+    assert "Failed: not settled within 180 s" in path.read_text()
+
+
 # ---------------------------------------------------------------- the apiserver's flags
 
 def test_set_apiserver_flag_replaces_the_flag_for_the_next_start(tmp_path):
