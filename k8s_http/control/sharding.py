@@ -20,7 +20,8 @@ lets a silent Lease expire on time. A round reads the watch's cache, so one
 that finds nothing to do costs no request; one that would release or claim
 first lists the ring (a consistent read) and acts on that list alone. Before
 the watch's first list, and without one, every round lists. Each round runs
-the handshake of docs/SHARDING.md section 4 (`plan` decides):
+the handshake of docs/SHARDING.md section 4 (`plan` decides; rule 5 there,
+leaving, is `leave()`):
 
 1. release first: a held slot the member no longer owns in `assign(live)` is
    released at once (no new reconcile of it starts: its keys are dropped),
@@ -39,6 +40,14 @@ the handshake of docs/SHARDING.md section 4 (`plan` decides):
    the other: a Lease's record is taken only from a view at least as recent
    (by resourceVersion) as the one it was last taken from, so a cache behind
    a list never makes a Lease look renewed (or expired) again.
+6. an expired Lease is deleted (by any member, on condition that it is still
+   the record found expired: a renewal in between makes the delete fail).
+   Otherwise a replica that starts later, and has not seen the Lease
+   unchanged for its duration on its own clock, would count a member that
+   died long ago as live for a whole duration: a share too small, and slots
+   moved again once it expires. An expired Lease gone from a view is kept in
+   mind a while longer (`FORGET_SECONDS`), so that a view behind that one,
+   still showing it, shows it expired and not new.
 
 Fencing: the runner's reconcile runs inside `working(slot)`, which sets a
 context variable; `check()` (the write guard) refuses a write unless the
@@ -54,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import threading
 import time
@@ -68,7 +78,7 @@ from .leader import (LEASE_DURATION_SECONDS, LeaderElector, LeaderRecord, Observ
                      is_expired, observe)
 
 __all__ = ["ShardMember", "NotOwnerError", "encode_slots", "decode_slots", "plan", "Plan",
-           "SeenLease", "live_claims", "current_slot", "UNCACHED"]
+           "SeenLease", "live_claims", "expired_leases", "current_slot", "UNCACHED"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +87,12 @@ log = logging.getLogger(__name__)
 # through the watch and start a round at once. A round that needs no request
 # costs ~0.2 ms (the assignment of a set of members is remembered; ~2 ms without).
 ROUND_SECONDS = 0.5
+
+# How long an expired Lease is remembered once no view shows it (rule 6): a
+# view behind the one that saw it deleted (the watch's cache behind a list)
+# must find it expired, not new. Watch delivery lags by milliseconds; a
+# stalled watch is restarted well within this.
+FORGET_SECONDS = 4 * LEASE_DURATION_SECONDS
 
 # The slot of a reconcile whose object is not cached: never held, so its
 # writes are refused (see the module docstring).
@@ -130,6 +146,7 @@ class SeenLease:
     observation: Observation
     slots: frozenset[int]
     resource_version: str | None = None
+    unlisted_since: float | None = None     # our clock: since when no view shows it
 
 
 def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
@@ -146,7 +163,8 @@ def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
     too, or they would look new (and live) on the next round. A Lease older
     (by resourceVersion) than the one `seen` was taken from is skipped: the
     watch's cache may lag a list, and its older record would restart the
-    clock of a member that stopped.
+    clock of a member that stopped. An expired Lease no view shows any more
+    is forgotten `FORGET_SECONDS` later (rule 6).
     """
     listed = set()
     for lease in leases:
@@ -166,8 +184,12 @@ def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
     members: set[str] = set()
     claims: dict[str, frozenset[int]] = {}
     for name, lease in list(seen.items()):
+        unlisted_since = None if name in listed else (
+            now if lease.unlisted_since is None else lease.unlisted_since)
+        if unlisted_since != lease.unlisted_since:
+            seen[name] = lease = dataclasses.replace(lease, unlisted_since=unlisted_since)
         if is_expired(lease.observation, now, default_duration_seconds=LEASE_DURATION_SECONDS):
-            if name not in listed:
+            if unlisted_since is not None and now - unlisted_since >= FORGET_SECONDS:
                 del seen[name]
             continue
         holder = lease.observation.record.holder
@@ -175,6 +197,16 @@ def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
             members.add(holder)
             claims[holder] = lease.slots
     return members, claims
+
+
+def expired_leases(seen: Mapping[str, SeenLease], now: float) -> dict[str, str]:
+    """Rule 6: lease name -> resourceVersion of each Lease the last view showed
+    that has not changed for its duration on our clock (or was released that
+    long ago): what may be deleted, on condition that it is still that version."""
+    return {name: lease.resource_version for name, lease in seen.items()
+            if lease.unlisted_since is None and lease.resource_version is not None
+            and is_expired(lease.observation, now,
+                           default_duration_seconds=LEASE_DURATION_SECONDS)}
 
 
 @dataclass(frozen=True)
@@ -276,6 +308,9 @@ class ShardMember:
         # slot -> when a round first found it ours but not held (the handover metric).
         self._wanted_since: dict[int, float] = {}
         self._seen: dict[str, SeenLease] = {}
+        # (lease name, resourceVersion) of the expired Leases we tried to delete:
+        # each record once. None: the Role grants no delete, so we no longer try.
+        self._deleted: set[tuple[str, str]] | None = set()
         self._members: set[str] = set()
         self._probed = False
         self._failing = False     # the last round failed (the next failure logs at debug)
@@ -472,6 +507,38 @@ class ShardMember:
             claim = step.claim - self._draining
             if claim and not self._stop.is_set():
                 self._claim_locked(claim)
+        self._delete_expired()
+
+    def _delete_expired(self) -> None:
+        """Rule 6: delete the Leases found expired, each record once, on condition
+        that it is still the record found expired. Gone already (another member
+        was first) or renewed meanwhile: nothing to do. Refused by RBAC: said
+        once, and the ring works as before (a later replica waits a duration
+        before it counts an expired member out)."""
+        if self._deleted is None:
+            return
+        expired = expired_leases(self._seen, self._clock())
+        self._deleted &= set(expired.items())
+        for name, version in expired.items():
+            if (name, version) in self._deleted or self._stop.is_set():
+                continue
+            self._deleted.add((name, version))
+            try:
+                self._client.delete(LEASES, name, namespace=self.namespace,
+                                    preconditions={"resourceVersion": version})
+            except (errors.NotFoundError, errors.ConflictError):
+                continue
+            except errors.ForbiddenError as exc:
+                log.warning("cannot delete expired member Leases (grant delete on leases): "
+                            "they stay, and a replica that starts later counts their "
+                            "members out only after one Lease duration: %s", exc)
+                self._deleted = None
+                return
+            except (errors.ApiError, errors.TransportError) as exc:
+                self._deleted.discard((name, version))      # tried again next round
+                log.debug("deleting the expired member lease %s failed: %s", name, exc)
+                continue
+            log.info("deleted the expired member lease %s/%s", self.namespace, name)
 
     def _note_wanted(self, step: Plan) -> None:
         now = self._clock()

@@ -30,6 +30,7 @@ from collections import defaultdict
 import pytest
 import yaml
 
+from k8s_http.core.errors import NotFoundError
 from k8s_http.core.objects import DEPLOYMENTS, LEASES, SERVICES
 from k8s_http.core.shards import ranges_of_slots, slot_of, slots_of as slots_of_member, span_text
 from k8s_http.control.sharding import decode_slots
@@ -164,6 +165,14 @@ def slots_settled(client, namespace, replicas) -> bool:
                for n in replicas)
 
 
+def lease_exists(client, namespace, replica) -> bool:
+    try:
+        client.get(LEASES, f"{APP}-member-{replica}", namespace=namespace)
+    except NotFoundError:
+        return False
+    return True
+
+
 def held(op) -> float:
     return op.metric("k8s_http_shard_slots_held")
 
@@ -259,6 +268,10 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
         wait_available(client, namespace, orphans, 30)
         figures["kill: its My converged after s"] = round(time.monotonic() - killed, 2)
         assert figures["kill: slots claimed after s"] <= LEASE_DURATION + 2 + 1.0
+        # Its expired Lease is deleted: a replica started later never counts it.
+        eventually(lambda: not lease_exists(client, namespace, victim), timeout=10,
+                   interval=0.1, message="the dead replica's expired Lease was not deleted")
+        figures["kill: its Lease deleted after s"] = round(time.monotonic() - killed, 2)
 
         # SIGTERM another: handover through the released Lease.
         leaving, staying = "shard-b", "shard-c"
@@ -284,6 +297,21 @@ def test_three_replicas_share_fail_over_and_hand_over(plane, api, namespace, fle
         figures["moved on SIGTERM (new My)"] = len(moved)
         assert not interleaved, interleaved
         assert figures["term: slots claimed after s"] <= 2.0
+
+        # A new replica joins the one left: it never counts the dead one (its
+        # Lease is gone) and takes its share in one handover.
+        joiner = "shard-d"
+        ops[joiner] = start_replica(fleet, plane, namespace, joiner)
+        joined = time.monotonic()
+        ops[joiner].wait_ready()
+        eventually(lambda: slots_settled(client, namespace, (staying, joiner)), timeout=30,
+                   interval=0.1, message="the joiner and the replica left did not share out")
+        figures["join: slots shared after s"] = round(time.monotonic() - joined, 2)
+        rings = [m for m in ops[joiner].messages() if m.startswith("ring members")]
+        assert rings and not [m for m in rings if f"{victim}_" in m], rings
+        claims = [m for m in ops[joiner].messages() if m.startswith("claimed ")]
+        figures["join: its claims"] = claims
+        assert len(claims) == 1, claims
         # What the replica found out about the apiserver, said in a metric.
         assert ops[staying].metric("k8s_http_shard_server_filtered") == \
             (1.0 if plane.gate == "true" else 0.0)
@@ -478,6 +506,15 @@ def test_kubectl_scale_one_to_three_to_one_under_a_stream_of_new_my(plane, api, 
                 time.monotonic() - stream.last_write, 2)
             problems = children_problems(api, namespace, stream.made)
             assert not problems, problems
+            # The scaled-down replicas' released Leases are deleted by the one
+            # left, under the overlay's Role: a Deployment leaves no Lease behind.
+            ring = f"sharding.mine.jp/ring={APP}"
+            eventually(lambda: len(api.list(LEASES, namespace=SYSTEM_NS,
+                                            label_selector=ring)["items"]) == 1,
+                       timeout=LEASE_DURATION + 15, interval=0.5,
+                       message="the released Leases of the scaled-down replicas stay")
+            (last,) = kubelet.running().values()
+            assert last.metric("rest_client_requests_total", code="403") == 0
         # Every process but the survivor was stopped by its Pod's deletion (and the
         # survivor by close()): each exited 0, without a traceback.
         assert not kubelet.crashes, kubelet.crashes

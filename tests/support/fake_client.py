@@ -152,6 +152,21 @@ class InMemoryApiClient:
             raise ConflictError(409, "the object has been modified", reason="Conflict")
         return self._store(key, obj)
 
+    def delete(self, resource, name, *, namespace=None, propagation_policy=None,
+               preconditions=None):
+        """404 if absent; 409 if `preconditions` name another resourceVersion."""
+        self._call("delete", resource, name, {"preconditions": preconditions})
+        key = self._key(resource, name, namespace)
+        old = self.objects.get(key)
+        if old is None:
+            raise NotFoundError(404, f"{resource.plural} {name!r} not found", reason="NotFound")
+        wanted = (preconditions or {}).get("resourceVersion")
+        if wanted is not None and wanted != old["metadata"]["resourceVersion"]:
+            raise ConflictError(409, "Precondition failed: the resourceVersion differs",
+                                reason="Conflict")
+        del self.objects[key]
+        return {"kind": "Status", "status": "Success"}
+
     def apply(self, resource, obj, *, field_manager, force=False, namespace=None,
               create_only=False, **_):
         assert self.field_manager is not None, "construct with field_manager= to accept applies"

@@ -140,7 +140,7 @@ def test_default_values_render_what_kustomize_renders(template, kubectl):  # noq
 
 def test_sharding_renders_the_sharding_overlay(template, kubectl):  # noqa: F811
     """sharding.enabled (with replicas=3, as the overlay) replaces leader election:
-    --shards=auto, POD_NAME, list and watch on leases."""
+    --shards=auto, POD_NAME, list, watch and delete on leases."""
     proc = subprocess.run([kubectl, "kustomize", str(SHARDING)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -685,10 +685,10 @@ def test_readme_metrics_table_is_what_the_code_exports():
     assert _readme_metrics_table() == exported
 
 
-def test_sharding_overlay_runs_three_members_with_list_and_watch_on_leases():
+def test_sharding_overlay_runs_three_members_with_list_watch_and_delete_on_leases():
     """overlays/sharding: --shards=auto instead of --leader-elect, 3 replicas, each
-    Pod naming its member Lease, and `list` and `watch` on leases (the ring) in
-    the Role."""
+    Pod naming its member Lease, and `list`, `watch` (the ring) and `delete`
+    (expired members' Leases) on leases in the Role."""
     component = "components/sharding"
     assert kustomization("overlays/sharding")["resources"] == ["../../base"]
     assert kustomization("overlays/sharding")["components"] == [f"../../{component}"]
@@ -708,6 +708,6 @@ def test_sharding_overlay_runs_three_members_with_list_and_watch_on_leases():
     patched = json_patch(role, load(f"{component}/{patches['Role']['path']}")[0])
     (rule,) = patched["rules"]
     assert rule["resources"] == ["leases"]
-    assert set(rule["verbs"]) == {"get", "create", "update", "list", "watch"}
+    assert set(rule["verbs"]) == {"get", "create", "update", "list", "watch", "delete"}
     # The default install is untouched: leader election, one replica.
     assert "overlays/sharding/" in (MANIFESTS / "kustomization.yaml").read_text()

@@ -12,9 +12,9 @@ import pytest
 
 from k8s_http.cache.informer import Informer, own_key
 from k8s_http.control.leader import LeaderRecord
-from k8s_http.control.sharding import (UNCACHED, NotOwnerError, SeenLease, ShardMember,
-                                       current_slot, decode_slots, encode_slots, live_claims,
-                                       plan)
+from k8s_http.control.sharding import (FORGET_SECONDS, UNCACHED, NotOwnerError, SeenLease,
+                                       ShardMember, current_slot, decode_slots, encode_slots,
+                                       expired_leases, live_claims, plan)
 from k8s_http.core import shards
 from k8s_http.core.errors import ForbiddenError
 from k8s_http.core.objects import LEASES, ObjectKey
@@ -56,12 +56,35 @@ def test_live_claims_skip_our_lease_released_leases_and_expired_ones():
     members, claims = live_claims(leases, "me", ANNOTATION, observed, now=115.0)
     assert members == {"d_1"} and claims == {"d_1": {5}}
     # A Lease that disappeared lists what it last listed until it would have
-    # expired (d last changed at 110), then it is forgotten; so is an expired
-    # one that is gone.
+    # expired (d last changed at 110); expired ones that are gone are forgotten
+    # FORGET_SECONDS after they were last shown.
     members, claims = live_claims(leases[:1], "me", ANNOTATION, observed, now=116.0)
     assert members == {"d_1"} and claims == {"d_1": {5}}
     members, claims = live_claims(leases[:1], "me", ANNOTATION, observed, now=125.0)
-    assert members == set() and observed == {}
+    assert members == set() and set(observed) == {"b", "c", "d"}
+    live_claims(leases[:1], "me", ANNOTATION, observed, now=116.0 + FORGET_SECONDS)
+    assert observed == {}
+
+
+def test_an_expired_lease_gone_from_a_list_is_still_expired_in_a_view_behind_it():
+    """The member that deleted an expired Lease may plan next on its watch's cache,
+    which has not had the deletion yet: the same record must look expired there,
+    not new (a member counted live for a duration takes slots from the others)."""
+    seen: dict[str, SeenLease] = {}
+    dead = lease("b", "b_1", {2, 3})
+    dead["metadata"]["resourceVersion"] = "7"
+    live_claims([dead], "me", ANNOTATION, seen, now=100.0)
+    assert expired_leases(seen, 114.0) == {}
+    assert expired_leases(seen, 115.0) == {"b": "7"}
+    members, _ = live_claims([], "me", ANNOTATION, seen, now=116.0)     # a list: deleted
+    assert members == set() and expired_leases(seen, 116.0) == {}        # nothing to delete
+    members, claims = live_claims([dead], "me", ANNOTATION, seen, now=117.0)   # the cache
+    assert members == set() and claims == {}
+    # Made again (its replica came back under the same name): a new record, live.
+    again = lease("b", "b_2", {9})
+    again["metadata"]["resourceVersion"] = "12"
+    members, claims = live_claims([again], "me", ANNOTATION, seen, now=118.0)
+    assert members == {"b_2"} and claims == {"b_2": {9}}
 
 
 def test_plan_releases_what_is_no_longer_ours_and_claims_only_what_is_free():
@@ -187,6 +210,67 @@ def test_a_dead_members_slots_move_only_once_its_lease_expired():
     join(a)
     a.tick()
     assert a.held == frozenset(range(SLOTS))
+
+
+def b_silent_for_a_duration() -> tuple[Ring, ShardMember, ShardMember]:
+    """a and b share the ring; then 15 s pass in which only a renews."""
+    ring = Ring()
+    a, b = two_members(ring)
+    for m in (a, b, a, b):
+        m.tick()
+    ring.clock.advance(15.0)
+    join(a)
+    return ring, a, b
+
+
+def test_an_expired_lease_is_deleted_once_so_a_later_member_never_counts_it():
+    ring, a, _ = b_silent_for_a_duration()      # b was killed
+    ring.client.reset()
+    a.tick()
+    assert a.held == frozenset(range(SLOTS))
+    (delete,) = [c for c in ring.client.calls if c[0] == "delete"]
+    assert delete[2] == "app-member-b" and delete.kwargs["preconditions"]["resourceVersion"]
+    a.tick()                              # gone: not tried again
+    assert ring.client.verbs().count("delete") == 1
+    # A replica started now sees a ring of one and takes its share at once.
+    c = ring.member("c")
+    join(c)
+    c.tick()
+    a.tick()
+    c.tick()
+    assert c.held == slots_of("c_x", {"a_x", "c_x"})
+
+
+def test_an_expired_lease_renewed_before_the_delete_is_kept():
+    """The delete names the record found expired: a member that renewed in
+    between (it was only slow) keeps its Lease, and the 409 is no error."""
+    ring, a, b = b_silent_for_a_duration()
+    real_delete = ring.client.delete
+
+    def renew_first(*args, **kwargs):
+        join(b)                           # lands between a's round and its delete
+        return real_delete(*args, **kwargs)
+    ring.client.delete = renew_first
+    a.tick()
+    assert ring.client.get(LEASES, "app-member-b", namespace="ns")
+    ring.client.delete = real_delete
+    ring.client.reset()
+    a.tick()                              # b renewed: live again, nothing deleted
+    assert "delete" not in ring.client.verbs()
+
+
+def test_a_role_without_delete_on_leases_is_said_once_and_the_ring_works_on(caplog):
+    ring, a, _ = b_silent_for_a_duration()
+    ring.client.fail_on["delete"] = ForbiddenError(403, "leases is forbidden: delete",
+                                                   reason="Forbidden")
+    with caplog.at_level(logging.WARNING, logger="k8s_http.control.sharding"):
+        for _ in range(3):
+            a.tick()
+            ring.clock.advance(0.5)
+    assert a.held == frozenset(range(SLOTS))
+    assert ring.client.verbs().count("delete") == 1
+    assert [r.message for r in caplog.records].count(
+        next(r.message for r in caplog.records if "cannot delete" in r.message)) == 1
 
 
 def test_live_claims_never_take_a_record_from_a_view_older_than_the_last_one():
