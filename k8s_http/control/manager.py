@@ -488,10 +488,13 @@ class Manager:
         return self._draining.is_set() or self._stop.is_set()
 
     def _may_reconcile(self) -> bool:
-        """The gate every worker checks before it starts a reconcile."""
+        """The gate every worker checks before it starts a reconcile. Sharded: a
+        member, with some held slot cached (ShardCaches.serving); slots gained
+        later are gated one by one (ShardCaches.defer)."""
         if self._is_stopping() or not self._unsharded_caches_synced():
             return False
-        if self._member is not None and not self._member.is_member():
+        if self._member is not None and not (self._member.is_member()
+                                             and self._shard_caches.serving()):
             return False
         return self._elector is None or self._elector.is_leader()
 

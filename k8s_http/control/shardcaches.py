@@ -231,6 +231,15 @@ class ShardCaches:
             part.deferred.append((queue, key, urgent))
             return True
 
+    def serving(self) -> bool:
+        """Some held slot is cached: there is work to do. While every held slot is
+        still listing (a replica's first share), the workers wait (the Manager's
+        gate): the keys each list queues then meet in the queue once per object,
+        where taken at once they would each be deferred and queued again, list
+        by list (75,467 reconciles for 30,000 `My` at one start, measured)."""
+        with self._lock:
+            return len(self._pending) < len(self._held)     # _pending is within _held
+
     def pending_slots(self) -> int:
         with self._lock:
             return len(self._pending)

@@ -224,3 +224,22 @@ def test_filled_once_every_held_slot_is_cached_and_told_each_time_slots_are():
     list_part(primary, newest(primary), objs)
     list_part(children, newest(children), [child(o) for o in objs if slot(o) >= 128])
     assert told == [True, True]
+
+
+def test_serving_once_some_held_slot_is_cached_so_a_first_share_is_not_taken_key_by_key():
+    """The Manager's worker gate: while every held slot is still listing there is
+    nothing to serve, and keys taken then would each be deferred and queued again,
+    list by list. Slots gained later do not close it (their keys are deferred)."""
+    clock, primary, children, queue, caches, objs = setup()
+    caches.select(frozenset())
+    assert not caches.serving()                     # nothing held
+    caches.select(frozenset(range(128)))
+    assert not caches.serving()                     # all of it listing
+    list_part(primary, newest(primary), objs)
+    assert not caches.serving()
+    list_part(children, newest(children), [child(o) for o in objs if slot(o) < 128])
+    assert caches.serving()
+    caches.select(frozenset(range(256)))            # more gained: the first share is served
+    assert caches.serving()
+    caches.select(frozenset(range(128, 256)))       # only the listing ones left
+    assert not caches.serving()
