@@ -155,6 +155,18 @@ def stop_all(ops: list[ShardReplica], grace_seconds: float = 30.0) -> None:
         op.stop()                       # exited: joins its output reader
 
 
+def object_writes(counts) -> int:
+    """Writes to `My` and children in an audit count (Leases and Events apart)."""
+    return sum(n for what, n in counts.by_kind.items()
+               if not what.endswith((" leases", " events")))
+
+
+def writes_figures(counts) -> dict:
+    """The writes of an audit count by kind, and those to `My` and children."""
+    return {"writes_by_kind": dict(sorted(counts.by_kind.items())),
+            "object_writes": object_writes(counts)}
+
+
 CACHE_OBJECTS = re.compile(r'^k8s_http_cache_objects\{.*resource="([^"]+)"')
 
 
@@ -235,9 +247,7 @@ def run_group(cluster, work_dir: Path, args, names: list[str], namespace: str, s
         if not keep:
             stop_all(ops)
         counts = cluster.counter.since(mark)
-        out["writes_by_kind"] = dict(sorted(counts.by_kind.items()))
-        out["object_writes"] = sum(n for what, n in counts.by_kind.items()
-                                   if not what.endswith((" leases", " events")))
+        out.update(writes_figures(counts))
         out["reads_by_kind"] = dict(sorted(counts.reads_by_kind.items()))
     return out, ops
 
@@ -372,8 +382,7 @@ def failover(cluster, ops: list[ShardReplica], args) -> dict:
             "victim": victim.pod_name, "victim_slots": len(dead_slots),
             "killed_at": killed - t0, "recovery": recovery,
             "not_converged": len(set(slots) - set(per.first_status)),
-            "object_writes": sum(n for what, n in counts.by_kind.items()
-                                 if not what.endswith((" leases", " events"))),
+            "object_writes": object_writes(counts),
             "survivors_samples": samples, "timeline": timeline, **figures}
 
 
@@ -431,10 +440,7 @@ def rejoin(cluster, work_dir: Path, args, survivors: list[ShardReplica], name: s
         out["error"] = str(err)
     finally:
         stop_all([joiner])
-        counts = cluster.counter.since(mark)
-        out["writes_by_kind"] = dict(sorted(counts.by_kind.items()))
-        out["object_writes"] = sum(n for what, n in counts.by_kind.items()
-                                   if not what.endswith((" leases", " events")))
+        out.update(writes_figures(cluster.counter.since(mark)))
     return out
 
 
