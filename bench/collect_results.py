@@ -13,7 +13,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ["summary", "watch_decode", "gil_switch", "pipeline", "converge", "scale", "shards", "startup_list", "write_memory", "leader",
-            "image_footprint", "footprint", "controlplane", "soak", "chaos", "fuzz"]
+            "image_footprint", "footprint", "controlplane", "soak", "soak_sharded", "chaos", "fuzz"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,15 @@ What runs:
   process is still the one that started (a process that exits is restarted and
   counted).
 
+With `--shards N`, N replicas `controller.py --shards=auto` (each its own Pod
+name) share the work through their member Leases, all through the proxy, so the
+faults hit the ring's Lease renewals too; `--replica-kills K` restarts one
+replica at a time during the run (SIGKILL and SIGTERM in turn, started again at
+once under the same Pod name, as a kubelet restarts a container). The samples
+add the replicas up; the audit log says which replica wrote what (its
+User-Agent ends in `shard/<Pod name>`), so the run also reports the objects two
+replicas wrote and the closest two such writes came to each other.
+
 At the end the faults and the load stop, and the run waits (up to
 `--settle-seconds`) for every `My` to converge: a Deployment whose env equals
 the spec's, a Service, and a status for the current generation. Figures:
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime as dt
 import json
 import random
 import re
@@ -43,6 +53,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +71,8 @@ from bench import harness, soak_alloc
 NAMESPACE = "soak"
 RESULTS_JSON = HERE / "results" / "soak.json"
 RESULTS_MD = HERE / "RESULTS.soak.md"
+SHARDED_JSON = HERE / "results" / "soak_sharded.json"      # --shards: a section of its own
+SHARDED_MD = HERE / "RESULTS.soak_sharded.md"
 
 
 def my_object(name: str, value: str, replicas: int = 0) -> dict:
@@ -167,11 +180,15 @@ class Load:
 
 
 class Sampler:
-    """RSS, threads and /healthz of the operator every `interval` s; restarts it if it exits."""
+    """RSS, threads and /healthz of the operators every `interval` s (added up, /healthz
+    the first that is not 200); restarts one that exits. `lock`: held by whoever
+    restarts an operator on purpose, so that its restart is not counted as an exit."""
 
-    def __init__(self, operator: OurOperator, interval: float):
-        self.operator = operator
+    def __init__(self, operators: list[OurOperator], interval: float,
+                 lock: threading.Lock | None = None):
+        self.operators = operators
         self.interval = interval
+        self.lock = lock or threading.Lock()
         self.samples: list[dict] = []
         self.restarts = 0
         self.healthz_failures = 0
@@ -202,23 +219,32 @@ class Sampler:
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval):
-            op = self.operator
+            with self.lock:
+                sample = self._sample_all()
+            if sample is not None:
+                self.samples.append({"t": round(time.monotonic() - self._t0, 1), **sample})
+
+    def _sample_all(self) -> dict | None:
+        total: collections.Counter = collections.Counter()
+        healthz = 200
+        for op in self.operators:
             if not op.alive():
                 self.restarts += 1
-                print(f"soak: the operator exited ({op.proc.returncode}); restarting it",
+                print(f"soak: {op.label} exited ({op.proc.returncode}); restarting it",
                       flush=True)
                 op.start(f"restart{self.restarts}")
                 op.wait_started(120)
-                continue
+                return None
             try:
-                now = soak_alloc.handles(op.pid)
+                total.update(soak_alloc.handles(op.pid))
             except OSError:
-                continue
-            healthz = _http_status(f"http://127.0.0.1:{op.probe_port}/healthz")
-            if healthz != 200:
-                self.healthz_failures += 1
-            self.samples.append({"t": round(time.monotonic() - self._t0, 1), **now,
-                                 "healthz": healthz})
+                return None
+            answer = _http_status(f"http://127.0.0.1:{op.probe_port}/healthz")
+            if answer != 200 and healthz == 200:
+                healthz = answer
+        if healthz != 200:
+            self.healthz_failures += 1
+        return {**total, "healthz": healthz}
 
 
 def _http_status(url: str) -> int | None:
@@ -285,6 +311,17 @@ def check(client, namespace: str = NAMESPACE) -> dict:
             "children_missing": sorted(missing), "orphans": orphans}
 
 
+def audit_events(audit_path: Path) -> Iterator[dict]:
+    """The audit log's events, one per line (a line cut short by the apiserver's
+    kill is skipped)."""
+    with open(audit_path, "rb") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
 def audit_figures(audit_path: Path, stable: list[str], repairs: int) -> dict:
     """Operator writes from the apiserver's audit log (the operator's requests carry its own
     User-Agent through the proxy; the load generator's carry BENCH_USER_AGENT).
@@ -298,27 +335,22 @@ def audit_figures(audit_path: Path, stable: list[str], repairs: int) -> dict:
     stable_writes: collections.Counter = collections.Counter()
     my_deleted_at: dict[str, str] = {}
     child_writes: list[tuple[str, str, str]] = []     # (time, name, "verb resource")
-    with open(audit_path, "rb") as f:
-        for line in f:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if (event.get("user") or {}).get("username") != OPERATOR_USER:
-                continue
-            ref = event.get("objectRef") or {}
-            verb, name, resource = event.get("verb"), ref.get("name"), ref.get("resource")
-            if verb not in WRITE_VERBS or ref.get("subresource") or not name:
-                continue
-            at = event.get("requestReceivedTimestamp", "")
-            if (event.get("userAgent") or "").startswith(BENCH_USER_AGENT):
-                if resource == "my" and verb == "delete":
-                    my_deleted_at.setdefault(name, at)
-                continue
-            if resource == "deployments" and name in stable_set:
-                stable_writes[verb] += 1
-            if resource in ("deployments", "services"):
-                child_writes.append((at, name, f"{verb} {resource}"))
+    for event in audit_events(audit_path):
+        if (event.get("user") or {}).get("username") != OPERATOR_USER:
+            continue
+        ref = event.get("objectRef") or {}
+        verb, name, resource = event.get("verb"), ref.get("name"), ref.get("resource")
+        if verb not in WRITE_VERBS or ref.get("subresource") or not name:
+            continue
+        at = event.get("requestReceivedTimestamp", "")
+        if (event.get("userAgent") or "").startswith(BENCH_USER_AGENT):
+            if resource == "my" and verb == "delete":
+                my_deleted_at.setdefault(name, at)
+            continue
+        if resource == "deployments" and name in stable_set:
+            stable_writes[verb] += 1
+        if resource in ("deployments", "services"):
+            child_writes.append((at, name, f"{verb} {resource}"))
     after_delete = collections.Counter()
     owners = set()
     for at, name, what in child_writes:
@@ -337,6 +369,62 @@ def audit_figures(audit_path: Path, stable: list[str], repairs: int) -> dict:
     }
 
 
+def restart_replica(operators: list, index: int, lock: threading.Lock,
+                    at_s: int) -> dict:
+    """The `index`th planned restart: SIGKILL (even) or SIGTERM (odd) of one replica
+    in turn, started again at once under the same Pod name. Its new process joins the
+    ring once the old process's member Lease is free: at once after SIGTERM (released),
+    one Lease duration after SIGKILL."""
+    op = operators[index % len(operators)]
+    how = "SIGKILL" if index % 2 == 0 else "SIGTERM"
+    with lock:                  # the sampler must not count (or restart) it meanwhile
+        if how == "SIGKILL":
+            op.proc.kill()
+            op.proc.wait()
+            op.stop()
+        else:
+            op.stop()
+        op.start(f"restart{index + 1}")
+    t0 = time.monotonic()
+    op.wait_started(120)
+    ready = time.monotonic() - t0
+    print(f"soak: {at_s:5d} s  {how} {op.pod_name}: ready again after {ready:.1f} s", flush=True)
+    return {"at_s": at_s, "replica": op.pod_name, "signal": how, "ready_after_s": round(ready, 1)}
+
+
+SHARD_AGENT = re.compile(r"shard/([^\s/]+)")
+
+
+def writers_figures(audit_path: Path) -> dict:
+    """Which replica wrote each `My` and child (from the audit log: the User-Agent of a
+    sharded replica ends in `shard/<Pod name>`): how many objects more than one replica
+    wrote (slots move on every restart: expected), and the two writes by different
+    replicas to one object that came closest in time (a handover waits for the old
+    owner's in-flight reconciles, then the new owner lists before it writes)."""
+    writes: dict[tuple[str, str], list[tuple[float, str]]] = collections.defaultdict(list)
+    for event in audit_events(audit_path):
+        ref = event.get("objectRef") or {}
+        agent = SHARD_AGENT.search(event.get("userAgent") or "")
+        if agent is None or event.get("verb") not in WRITE_VERBS or \
+                ref.get("resource") not in ("my", "deployments", "services"):
+            continue
+        at = dt.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+        writes[(ref["resource"], ref.get("name") or "")].append((at, agent.group(1)))
+    closest = None
+    shared = 0
+    for key, seq in writes.items():
+        seq.sort()
+        if len({who for _, who in seq}) > 1:
+            shared += 1
+        for (t1, a), (t2, b) in zip(seq, seq[1:]):
+            if a != b and (closest is None or t2 - t1 < closest[0]):
+                closest = (t2 - t1, "/".join(key), a, b)
+    return {"objects_written": len(writes), "objects_written_by_two_replicas": shared,
+            "closest_writes_by_two_replicas": None if closest is None else {
+                "seconds": round(closest[0], 3), "object": closest[1],
+                "first": closest[2], "then": closest[3]}}
+
+
 def proxied_namespace(cluster: BenchCluster, namespace: str, work: Path
                       ) -> tuple[FaultProxy, Path]:
     """The CRD and `namespace` on the cluster, and a fault proxy in front of its apiserver
@@ -353,27 +441,39 @@ def run(args: argparse.Namespace) -> dict:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="my-controller-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"soak: audit log, operator log and kubeconfig in {work}", flush=True)
+    # bench.shards imports this module's scrape(): imported here, not at the top.
+    from bench.shards import RING_NAMESPACE, ShardReplica, stop_all
     cluster = BenchCluster(work).start()
     proxy = None
-    operator = None
+    operators: list[OurOperator] = []
     sampler = None
     load = None
     try:
         plane = cluster.plane
         proxy, kubeconfig = proxied_namespace(cluster, NAMESPACE, work)
         traces = work / "tracemalloc"
-        operator = OurOperator(kubeconfig, NAMESPACE, work, workers=args.workers,
-                               python=sys.executable,
-                               trace_to=traces if args.snapshot_minutes else None)
-        operator.start("soak")
-        operator.wait_started(120)
+        if args.shards:
+            cluster.create_namespace(RING_NAMESPACE)
+            operators = [ShardReplica(kubeconfig, NAMESPACE, work, workers=args.workers,
+                                      python=sys.executable, pod_name=f"soak-{chr(97 + i)}")
+                         for i in range(args.shards)]
+        else:
+            operators = [OurOperator(kubeconfig, NAMESPACE, work, workers=args.workers,
+                                     python=sys.executable,
+                                     trace_to=traces if args.snapshot_minutes else None)]
+        operator = operators[0]
+        for op in operators:
+            op.start("soak")
+        for op in operators:
+            op.wait_started(120)
         load = Load(cluster.client, args.objects, args.stable, args.ops_per_second, args.seed,
                     args.replicas)
         t_create = time.monotonic()
         load.create_all()
         print(f"soak: {args.objects} My created in {time.monotonic() - t_create:.0f} s; "
               f"running {args.minutes:g} min", flush=True)
-        sampler = Sampler(operator, args.sample_seconds)
+        restarting = threading.Lock()
+        sampler = Sampler(operators, args.sample_seconds, restarting)
         sampler.start()
         load.start()
 
@@ -381,6 +481,10 @@ def run(args: argparse.Namespace) -> dict:
         duration = args.minutes * 60
         kill_at = [duration * (i + 1) / (args.kills + 1) for i in range(args.kills)]
         kills = []
+        # Replica restarts halfway between the apiserver's kills' spacing.
+        restart_at = [duration * (i + 0.5) / (args.replica_kills + 0.5)
+                      for i in range(args.replica_kills if args.shards else 0)]
+        restarts: list[dict] = []
         t0 = time.monotonic()
         next_fault, index, applied = t0 + args.fault_every, 0, []
         intervals: list[dict] = []
@@ -403,6 +507,10 @@ def run(args: argparse.Namespace) -> dict:
             if now >= next_snapshot:
                 snapshot(now)
                 next_snapshot += snapshot_every
+            elif restart_at and now - t0 >= restart_at[0]:
+                restart_at.pop(0)
+                restarts.append(restart_replica(operators, len(restarts), restarting,
+                                                round(now - t0)))
             elif kill_at and now - t0 >= kill_at[0]:
                 kill_at.pop(0)
                 took = plane.restart_apiserver()
@@ -430,8 +538,11 @@ def run(args: argparse.Namespace) -> dict:
             result = check(cluster.client)
         settle = time.monotonic() - t_end
         sampler.stop()
-        metrics = scrape(operator.metrics_port)
-        exit_code = operator.stop()
+        per_replica = [scrape(op.metrics_port) for op in operators]
+        metrics = dict(sum((collections.Counter(m) for m in per_replica), collections.Counter()))
+        stop_all(operators)
+        exit_code = operator.proc.returncode if len(operators) == 1 else \
+            [op.proc.returncode for op in operators]
         sampler.release()
         repairs = len(load.repairs)
         last_pid = intervals[-1]["pid"] if intervals else None
@@ -450,6 +561,10 @@ def run(args: argparse.Namespace) -> dict:
             "injected": dict(proxy.injected),
             "injected_410_by_resource": injected_410,
             "apiserver_kills": kills,
+            **({"replica_restarts": restarts,
+                "slots_held_at_end": {op.pod_name: m.get("k8s_http_shard_slots_held")
+                                      for op, m in zip(operators, per_replica)},
+                **writers_figures(work / "audit.log")} if args.shards else {}),
             "end": {**result, "settle_seconds": round(settle, 1)},
             "process": {"restarts": sampler.restarts, "exit_code_on_sigterm": exit_code,
                         "healthz_not_200_samples": sampler.healthz_failures},
@@ -472,8 +587,8 @@ def run(args: argparse.Namespace) -> dict:
             load.stop()
         if sampler is not None:
             sampler.stop()
-        if operator is not None and operator.alive():
-            operator.stop()
+        if any(op.alive() for op in operators):
+            stop_all(operators)
         if sampler is not None:
             sampler.release()
         if proxy is not None:
@@ -484,6 +599,27 @@ def run(args: argparse.Namespace) -> dict:
 def _labels(key: str) -> dict[str, str]:
     """'name{a="x",b="y"}' -> {"a": "x", "b": "y"}."""
     return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', key))
+
+
+def _shard_rows(data: dict) -> list[str]:
+    """The sharded soak's own rows (--shards)."""
+    if "replica_restarts" not in data:
+        return []
+    closest = data["closest_writes_by_two_replicas"]
+    restarts = data["replica_restarts"]
+    return [
+        f"| replicas (`--shards=auto`), planned restarts | {data['settings']['shards']}, "
+        f"{len(restarts)}: " + ", ".join(f"{r['signal']} {r['replica']} at {r['at_s']} s "
+                                         f"(ready again after {r['ready_after_s']} s)"
+                                         for r in restarts) + " | |",
+        f"| slots held at the end | {data['slots_held_at_end']} | 256 in all |",
+        f"| objects written by two replicas (of {data['objects_written']}) | "
+        f"{data['objects_written_by_two_replicas']} | slots move at each restart |",
+        "| the closest two writes by two replicas to one object | "
+        + ("none" if closest is None else
+           f"{closest['seconds']:.3f} s ({closest['object']}: {closest['first']}, then "
+           f"{closest['then']})") + " | not at once |",
+    ]
 
 
 def markdown(data: dict) -> str:
@@ -514,7 +650,9 @@ def markdown(data: dict) -> str:
     step = max(1, len(samples) // 10)
     timeline += samples[step::step]
     lines = [
-        "## Soak: 200 `My`s under churn through a fault-injecting proxy",
+        f"## Soak: {data['settings']['objects']} `My`s under churn through a fault-injecting "
+        "proxy" + (f", {data['settings']['shards']} sharded replicas"
+                   if data["settings"].get("shards") else ""),
         "",
         f"Generated by `{meta['command']}` on {meta['date']} (git {meta['git']}); "
         f"{meta['machine']}, Python {meta['python']}, load average at start "
@@ -522,7 +660,9 @@ def markdown(data: dict) -> str:
         "",
         f"{data['settings']['objects']} `My`s ({data['settings']['stable']} of them never "
         f"updated, for out-of-band child deletes) in one namespace, "
-        f"`controller.py --workers {data['settings']['workers']}` through "
+        + (f"{data['settings']['shards']} replicas `controller.py --shards=auto --workers "
+           f"{data['settings']['workers']}`" if data["settings"].get("shards") else
+           f"`controller.py --workers {data['settings']['workers']}`") + " through "
         "`tests/support/faultproxy.py`, "
         f"{data['settings']['minutes']:g} minutes at {data['settings']['ops_per_second']:g} "
         f"operations/s: {data['load'].get('update', 0)} spec updates, "
@@ -569,6 +709,7 @@ def markdown(data: dict) -> str:
         f"{data.get('mys_deleted', 'n/a')} deleted `My`s "
         f"({data.get('writes_after_owner_deleted', {})}) | 0 |",
         f"| exit code on SIGTERM at the end | {proc['exit_code_on_sigterm']} | 0 |",
+        *_shard_rows(data),
         "",
         "Faults applied by the proxy (times): "
         + ", ".join(f"{k} {v}" for k, v in sorted(injected.items())) + ". From the "
@@ -614,7 +755,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=20.0, help="duration of the churn")
     p.add_argument("--snapshot-minutes", type=float, default=10.0,
                    help="a tracemalloc snapshot of the operator every N minutes (0: none, "
-                        "and the operator runs without tracemalloc)")
+                        "and the operator runs without tracemalloc; none with --shards)")
     p.add_argument("--replicas", type=int, default=1,
                    help="spec.replicas of each My (1: Pods, on the plane with kwok)")
     p.add_argument("--objects", type=int, default=200)
@@ -624,22 +765,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fault-every", type=float, default=25.0, help="seconds between faults")
     p.add_argument("--refuse-seconds", type=float, default=30.0)
     p.add_argument("--kills", type=int, default=2, help="kube-apiserver SIGKILLs")
+    p.add_argument("--shards", type=int, default=0,
+                   help="N replicas with --shards=auto instead of one operator (0: one)")
+    p.add_argument("--replica-kills", type=int, default=3,
+                   help="with --shards: replica restarts (SIGKILL, SIGTERM in turn)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--sample-seconds", type=float, default=10.0)
     p.add_argument("--warmup-minutes", type=float, default=5.0)
     p.add_argument("--settle-seconds", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=15)
     p.add_argument("--work-dir", default=None, help="default: a new temporary directory")
-    p.add_argument("--out", type=Path, default=RESULTS_JSON)
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"default {RESULTS_JSON.name} ({SHARDED_JSON.name} with --shards)")
     p.add_argument("--no-markdown", dest="markdown", action="store_false",
-                   help=f"do not write {RESULTS_MD.name}")
+                   help=f"do not write {RESULTS_MD.name} ({SHARDED_MD.name} with --shards)")
     p.add_argument("--note", action="append", default=[],
                    help="a paragraph for the section (kept in the JSON)")
     p.add_argument("--from-json", type=Path, default=None,
                    help="only write the markdown from an earlier run's JSON")
     p.add_argument("--audit-log", type=Path, default=None,
                    help="with --from-json: recompute the audit-log figures from this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.shards:
+        args.snapshot_minutes = 0
+    args.out = args.out or (SHARDED_JSON if args.shards else RESULTS_JSON)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -666,8 +816,9 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(data)
     print(text)
     if args.markdown:
-        RESULTS_MD.write_text(text)
-        print(f"soak: wrote {RESULTS_MD}")
+        path = SHARDED_MD if data["settings"].get("shards") else RESULTS_MD
+        path.write_text(text)
+        print(f"soak: wrote {path}")
     end = data["end"]
     ok = not end["not_converged"] and not end["updates_lost"] and not data["process"]["restarts"]
     return 0 if ok else 1

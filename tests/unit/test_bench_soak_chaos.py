@@ -135,3 +135,31 @@ def test_partition_holds_a_request_until_it_heals():
     finally:
         proxy.stop()
         server.shutdown()
+
+
+def _audit_line(at: str, agent: str, verb: str, resource: str, name: str) -> str:
+    import json
+    return json.dumps({"requestReceivedTimestamp": at, "userAgent": agent, "verb": verb,
+                       "objectRef": {"resource": resource, "name": name}})
+
+
+def test_the_sharded_soak_names_objects_two_replicas_wrote_and_their_closest_writes(tmp_path):
+    from bench import soak
+    ua = "my-controller/0.1 (linux) k8s_http shard/"
+    audit = tmp_path / "audit.log"
+    audit.write_text("\n".join([
+        _audit_line("2026-12-06T10:00:00.000000Z", ua + "soak-a", "patch", "deployments", "x"),
+        _audit_line("2026-12-06T10:00:20.500000Z", ua + "soak-b", "patch", "deployments", "x"),
+        _audit_line("2026-12-06T10:00:21.000000Z", ua + "soak-b", "patch", "services", "y"),
+        _audit_line("2026-12-06T10:00:23.250000Z", ua + "soak-c", "patch", "services", "y"),
+        _audit_line("2026-12-06T10:00:24.000000Z", ua + "soak-c", "get", "services", "y"),
+        _audit_line("2026-12-06T10:00:24.100000Z", "bench/1.0", "patch", "services", "y"),
+        _audit_line("2026-12-06T10:00:25.000000Z", ua + "soak-a", "patch", "leases", "l"),
+        _audit_line("2026-12-06T10:00:26.000000Z", ua + "soak-a", "patch", "my", "z"),
+        "not json",
+    ]) + "\n")
+    figures = soak.writers_figures(audit)
+    assert figures["objects_written"] == 3                  # leases, reads and the bench's apart
+    assert figures["objects_written_by_two_replicas"] == 2
+    assert figures["closest_writes_by_two_replicas"] == {
+        "seconds": 2.25, "object": "services/y", "first": "soak-b", "then": "soak-c"}
