@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench soak                   # 20 minutes, writes RESULTS.soak.md
     .venv/bin/python -m bench soak --minutes 3 --no-markdown    # a quick look
+    .venv/bin/python -m bench soak --shards 3 --minutes 60      # 3 sharded replicas: RESULTS.soak_sharded.md
 
 What runs:
 
@@ -744,7 +745,8 @@ def markdown(data: dict) -> str:
         "",
         *soak_alloc.markdown(data),
         *[line for note in data.get("notes") or [] for line in (note, "")],
-        "Raw data: `bench/results/soak.json`.",
+        "Raw data: `bench/results/"
+        + ("soak_sharded.json" if data["settings"].get("shards") else "soak.json") + "`.",
     ]
     return "\n".join(lines) + "\n"
 
