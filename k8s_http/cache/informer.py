@@ -646,6 +646,12 @@ class Informer:
             parts = [part for part in self._parts.values() if not part.replaced]
         return all(part.listed >= self._scope_set for part in parts)
 
+    def is_watching(self) -> bool:
+        """Every watch is open (Watcher.is_watching): what the cache shows is at
+        most the watch's delay behind the server. Synced is not enough: a cache
+        whose watch is backing off after an outage shows the world as it was."""
+        return all(w.is_watching for w in self.watchers)
+
     def stalls(self) -> int:
         """The most stall periods in a row, without progress, of any of this informer's watches."""
         return max((w.stalls for w in self.watchers), default=0)

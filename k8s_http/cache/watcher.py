@@ -44,7 +44,7 @@ from .store import Store, StoreList
 from .watchstep import (INITIAL, INITIAL_STREAMING, Action, Closed, Collect, Deliver, Event,
                         Failed, FallBack, Input, List, Listed, ListError, Progress, Replace,
                         ReplaceCollected, Restart, Skip, Sleep, State, Streaming, StreamList,
-                        Watch, Watching, failure, resume, step)
+                        Watch, Watching, failure, is_watching, resume, step)
 
 if TYPE_CHECKING:
     from ..wire.client import ApiClient
@@ -145,6 +145,11 @@ class Watcher:
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def is_watching(self) -> bool:
+        """watchstep.is_watching of the current state."""
+        return is_watching(self._state)
 
     @property
     def stalls(self) -> int:

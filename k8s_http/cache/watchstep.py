@@ -92,7 +92,7 @@ __all__ = [
     "List", "Watch", "StreamList", "Replace", "Collect", "ReplaceCollected", "FallBack",
     "Deliver", "Progress", "Restart", "ListError", "Skip", "Sleep", "Action",
     # the machine
-    "step", "resume",
+    "step", "resume", "is_watching",
     "STALLS_UNHEALTHY", "STREAM_STALLS_FALLBACK", "INITIAL_EVENTS_END",
 ]
 
@@ -306,6 +306,15 @@ def resume(state: State) -> list[Action]:
     if isinstance(state, Streaming):
         return [StreamList(state.resource_version)]
     return [Watch(state.resource_version)]
+
+
+def is_watching(state: State) -> bool:
+    """No attempt has failed since the watch last brought something: it is open
+    (or reopened at once after a clean close), and the cache lags the server by
+    the watch's delay alone. False while listing, and from any drop or error
+    (reopened at once or after a backoff) until the reopened watch brings an
+    event or a bookmark: a reader that needs the server's view asks it then."""
+    return isinstance(state, Watching) and (state.failures == 0 or state.progressed)
 
 
 def step(state: State, inp: Input) -> tuple[list[Action], State]:

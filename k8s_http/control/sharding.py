@@ -19,7 +19,7 @@ on every change of one and at least every `round_seconds`, which is what
 lets a silent Lease expire on time. A round reads the watch's cache, so one
 that finds nothing to do costs no request; one that would release or claim
 first lists the ring (a consistent read) and acts on that list alone. Before
-the watch's first list, and without one, every round lists. Each round runs
+the watch's first list, and while its watch is down, every round lists. Each round runs
 the handshake of docs/SHARDING.md section 4 (`plan` decides; rule 5 there,
 leaving, is `leave()`):
 
@@ -288,7 +288,8 @@ class ShardMember:
                                      identity=identity, metrics=self.metrics, clock=clock,
                                      decorate=self._decorate)
         # The ring's Leases, watched: any change of one wakes the ring thread.
-        # (`ring`: a stand-in the tests fill; it needs has_synced() and store.)
+        # (`ring`: a stand-in the tests fill; it needs has_synced(), is_watching()
+        # and store.)
         self._wake = threading.Event()
         self.ring = ring if ring is not None else Informer(
             client, LEASES, namespaces=[namespace],
@@ -472,10 +473,13 @@ class ShardMember:
                            self._clock())
 
     def _ring_view(self) -> tuple[set[str], dict[str, frozenset[int]]]:
-        """What this round plans with: the watch's cache when it has listed and
-        shows nothing to do (no request); otherwise a list, so that every
-        release and claim is decided on a consistent read."""
-        if self.ring.has_synced():
+        """What this round plans with: the watch's cache when it has listed, its
+        watch is open, and it shows nothing to do (no request); otherwise a list,
+        so that every release and claim is decided on a consistent read. A cache
+        whose watch is down (backing off after an outage) cannot show a member
+        that joined since: trusted, it would keep that member's share from it
+        until the watch came back (seconds after an outage of the apiserver)."""
+        if self.ring.has_synced() and self.ring.is_watching():
             others, claims = self._claims_in(self.ring.store.list())
             step = plan(self.identity, others, self.held, claims)
             if not step.release and not (step.claim - self._draining):

@@ -135,10 +135,14 @@ class WatchedRing:
     def __init__(self, ring: Ring):
         self._ring = ring
         self.frozen: list[dict] | None = None
+        self.watching = True           # False: the watch is down (backing off)
         self.store = self
 
     def has_synced(self) -> bool:
         return True
+
+    def is_watching(self) -> bool:
+        return self.watching
 
     def list(self) -> list[dict]:
         return self._ring.ring_leases() if self.frozen is None else self.frozen
@@ -820,3 +824,22 @@ def test_reconciles_that_outlive_a_release_end_the_process(monkeypatch):
     mgr._stop.set()                       # stopping anyway: stop() decides the exit code
     mgr._member._on_drain_timeout(frozenset({1}))
     assert exits == [1]
+
+
+def test_a_member_whose_ring_watch_is_down_lists_and_hands_a_new_member_its_share():
+    """After an outage a's ring watch backs off while b joins: a's cache still
+    shows a alone, with nothing to do. Trusted, it would keep b's share from b
+    until the watch came back; with the watch down, a's round lists, sees b, and
+    releases b's share, which b claims in its next round."""
+    ring = Ring()
+    (a,) = settled(ring, "a")
+    a.ring.frozen, a.ring.watching = ring.ring_leases(), False
+    b = ring.member("b", ring=WatchedRing(ring))
+    join(b)
+    b.tick()
+    assert b.held == frozenset()              # a still lists every slot
+    a.tick()
+    b_share = slots_of("b_x", {"a_x", "b_x"})
+    assert a.held == frozenset(range(SLOTS)) - b_share
+    b.tick()
+    assert b.held == b_share

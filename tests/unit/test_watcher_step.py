@@ -18,7 +18,8 @@ from k8s_http.ops.metrics import WATCH_RESTART_REASONS
 from k8s_http.cache.watchstep import (INITIAL, INITIAL_STREAMING, Closed, Collect, Deliver, Event,
                                       Failed, FallBack, List, ListError, Listed, Listing, Progress,
                                       Replace, ReplaceCollected, Restart, Skip, Sleep, StreamList,
-                                      Streaming, Watch, Watching, failure, resume, step)
+                                      Streaming, Watch, Watching, failure, is_watching, resume,
+                                      step)
 
 GONE = GoneError(410, "too old resource version: 5 (10)", reason="Expired")
 TOO_LARGE = from_status(504, {"kind": "Status", "code": 504, "reason": "Timeout",
@@ -515,3 +516,24 @@ def test_properties_of_any_sequence(start, inputs):
         if fell_back:
             assert not isinstance(new, Streaming) and not getattr(new, "stream", False)
         s = new
+
+
+def test_is_watching_from_a_failed_attempt_until_the_reopened_watch_brings_something():
+    """What a reader of the cache may trust (the shard ring plans on it): open, or
+    reopened after a clean close; not while listing, nor after a failure until
+    the reopened watch has brought something."""
+    drop = failure(ApiConnectionError("connection lost mid-stream"))
+    assert not is_watching(INITIAL) and not is_watching(INITIAL_STREAMING)
+    state = Watching("10")
+    assert is_watching(state)
+    _, state = step(state, drop)                  # a drop without progress: backs off
+    assert not is_watching(state)
+    _, state = step(state, drop)                  # the reopened watch fails again
+    assert not is_watching(state)
+    _, state = step(state, Event("BOOKMARK", {"kind": "Deployment",
+                                             "metadata": {"resourceVersion": "11"}}))
+    assert is_watching(state)                     # the reopened watch brought a bookmark
+    _, state = step(state, Closed())              # the server ends it: reopened at once
+    assert is_watching(state)
+    _, state = step(state, drop)                  # a drop: reopened at once, not yet heard
+    assert not is_watching(state)
