@@ -482,7 +482,8 @@ def run(args: argparse.Namespace) -> dict:
         duration = args.minutes * 60
         kill_at = [duration * (i + 1) / (args.kills + 1) for i in range(args.kills)]
         kills = []
-        # Replica restarts halfway between the apiserver's kills' spacing.
+        # Replica restarts evenly spread, the first half a spacing in (apart from the
+        # apiserver's kills, which fall on whole spacings of their own).
         restart_at = [duration * (i + 0.5) / (args.replica_kills + 0.5)
                       for i in range(args.replica_kills if args.shards else 0)]
         restarts: list[dict] = []
