@@ -541,7 +541,10 @@ def run(args: argparse.Namespace) -> dict:
         settle = time.monotonic() - t_end
         sampler.stop()
         per_replica = [scrape(op.metrics_port) for op in operators]
-        metrics = dict(sum((collections.Counter(m) for m in per_replica), collections.Counter()))
+        metrics: dict[str, float] = {}     # added up over the replicas, zeros kept
+        for sample in per_replica:
+            for key, value in sample.items():
+                metrics[key] = metrics.get(key, 0.0) + value
         stop_all(operators)
         exit_code = operator.proc.returncode if len(operators) == 1 else \
             [op.proc.returncode for op in operators]

@@ -19,9 +19,9 @@ on every change of one and at least every `round_seconds`, which is what
 lets a silent Lease expire on time. A round reads the watch's cache, so one
 that finds nothing to do costs no request; one that would release or claim
 first lists the ring (a consistent read) and acts on that list alone. Before
-the watch's first list, and while its watch is down, every round lists. Each round runs
-the handshake of docs/SHARDING.md section 4 (`plan` decides; rule 5 there,
-leaving, is `leave()`):
+the watch's first list, and while its watch is down, every round lists. Each
+round runs the handshake of docs/SHARDING.md section 4 (`plan` decides; rule 5
+there, leaving, is `leave()`):
 
 1. release first: a held slot the member no longer owns in `assign(live)` is
    released at once (no new reconcile of it starts: its keys are dropped),
