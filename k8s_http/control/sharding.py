@@ -39,7 +39,10 @@ there, leaving, is `leave()`):
    watch's cache and the lists are two views of the ring, one perhaps behind
    the other: a Lease's record is taken only from a view at least as recent
    (by resourceVersion) as the one it was last taken from, so a cache behind
-   a list never makes a Lease look renewed (or expired) again.
+   a list never makes a Lease look renewed (or expired) again. A member
+   whose own Lease lapsed counts no Lease expired until REJOIN_GRACE_SECONDS
+   after it is back: what it could not see renewed meanwhile was most likely
+   as cut off as itself, and re-joins within that time.
 6. an expired Lease is deleted (by any member, on condition that it is still
    the record found expired: a renewal in between makes the delete fail).
    Otherwise a replica that starts later, and has not seen the Lease
@@ -65,6 +68,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -74,11 +78,12 @@ from ..cache.informer import Informer, own_key
 from ..core import errors, shards
 from ..core.objects import LEASES, is_older_version
 from ..ops.metrics import Metrics
-from .leader import (LEASE_DURATION_SECONDS, LeaderElector, LeaderRecord, Observation,
-                     is_expired, observe)
+from .leader import (JITTER_FACTOR, LEASE_DURATION_SECONDS, RETRY_PERIOD_SECONDS,
+                     LeaderElector, LeaderRecord, Observation, is_expired, observe)
 
 __all__ = ["ShardMember", "NotOwnerError", "encode_slots", "decode_slots", "plan", "Plan",
-           "SeenLease", "live_claims", "expired_leases", "current_slot", "UNCACHED"]
+           "SeenLease", "live_claims", "expired_leases", "counts_expired", "current_slot",
+           "UNCACHED"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,18 @@ ROUND_SECONDS = 0.5
 # must find it expired, not new. Watch delivery lags by milliseconds; a
 # stalled watch is restarted well within this.
 FORGET_SECONDS = 4 * LEASE_DURATION_SECONDS
+
+# For this long after its Lease lapsed and was held again, a member counts no
+# other Lease expired (rule 4). Our Lease lapses when we cannot reach the
+# apiserver, and then, most likely, neither could the others: their Leases
+# look unchanged to us only because we could not see them renewed. Counted
+# out at once, their slots would all be ours (after an outage the first
+# member back claimed all 256, and listed every object, until the others
+# re-joined a second later and it let their shares go). Each retries within
+# RETRY_PERIOD x (1 + JITTER) of the apiserver's return (leader.py's
+# campaign), and we re-joined after it returned; one round more to see their
+# write. A member that died meanwhile has its share taken this much later.
+REJOIN_GRACE_SECONDS = RETRY_PERIOD_SECONDS * (1 + JITTER_FACTOR) + ROUND_SECONDS
 
 # The slot of a reconcile whose object is not cached: never held, so its
 # writes are refused (see the module docstring).
@@ -149,8 +166,15 @@ class SeenLease:
     unlisted_since: float | None = None     # our clock: since when no view shows it
 
 
+def counts_expired(lease: SeenLease, now: float, not_before: float = -math.inf) -> bool:
+    """Rule 4: the Lease has not changed for its duration on our clock, and we
+    are past `not_before` (a re-joined member's grace: REJOIN_GRACE_SECONDS)."""
+    return now >= not_before and is_expired(
+        lease.observation, now, default_duration_seconds=LEASE_DURATION_SECONDS)
+
+
 def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
-                seen: dict[str, SeenLease], now: float
+                seen: dict[str, SeenLease], now: float, not_expired_before: float = -math.inf
                 ) -> tuple[set[str], dict[str, frozenset[int]]]:
     """(live member identities but ours, identity -> slots its Lease lists).
 
@@ -164,7 +188,8 @@ def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
     (by resourceVersion) than the one `seen` was taken from is skipped: the
     watch's cache may lag a list, and its older record would restart the
     clock of a member that stopped. An expired Lease no view shows any more
-    is forgotten `FORGET_SECONDS` later (rule 6).
+    is forgotten `FORGET_SECONDS` later (rule 6). Before `not_expired_before`
+    (our clock) no Lease counts as expired.
     """
     listed = set()
     for lease in leases:
@@ -188,7 +213,7 @@ def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
             now if lease.unlisted_since is None else lease.unlisted_since)
         if unlisted_since != lease.unlisted_since:
             seen[name] = lease = dataclasses.replace(lease, unlisted_since=unlisted_since)
-        if is_expired(lease.observation, now, default_duration_seconds=LEASE_DURATION_SECONDS):
+        if counts_expired(lease, now, not_expired_before):
             if unlisted_since is not None and now - unlisted_since >= FORGET_SECONDS:
                 del seen[name]
             continue
@@ -199,14 +224,15 @@ def live_claims(leases: Iterable[dict], own_lease: str, annotation: str,
     return members, claims
 
 
-def expired_leases(seen: Mapping[str, SeenLease], now: float) -> dict[str, str]:
+def expired_leases(seen: Mapping[str, SeenLease], now: float,
+                   not_expired_before: float = -math.inf) -> dict[str, str]:
     """Rule 6: lease name -> resourceVersion of each Lease the last view showed
     that has not changed for its duration on our clock (or was released that
-    long ago): what may be deleted, on condition that it is still that version."""
+    long ago), past `not_expired_before`: what may be deleted, on condition that
+    it is still that version."""
     return {name: lease.resource_version for name, lease in seen.items()
             if lease.unlisted_since is None and lease.resource_version is not None
-            and is_expired(lease.observation, now,
-                           default_duration_seconds=LEASE_DURATION_SECONDS)}
+            and counts_expired(lease, now, not_expired_before)}
 
 
 @dataclass(frozen=True)
@@ -313,6 +339,10 @@ class ShardMember:
         # each record once. None: the Role grants no delete, so we no longer try.
         self._deleted: set[tuple[str, str]] | None = set()
         self._members: set[str] = set()
+        # Our clock: no other Lease counts as expired before this. Infinite
+        # from a lapse of our Lease until it is held again, then that time plus
+        # REJOIN_GRACE_SECONDS (set on the lease thread, read by the ring's).
+        self._not_expired_before = -math.inf
         self._probed = False
         self._failing = False     # the last round failed (the next failure logs at debug)
         self._left = False
@@ -419,14 +449,19 @@ class ShardMember:
             thread.start()
 
     def _on_member(self) -> None:
-        log.info("joined the ring as %s (lease %s/%s)", self.identity, self.namespace,
-                 self.lease_name)
+        rejoined = self._not_expired_before == math.inf
+        self._not_expired_before = self._clock() + REJOIN_GRACE_SECONDS
+        log.info("%s the ring as %s (lease %s/%s)%s", "re-joined" if rejoined else "joined",
+                 self.identity, self.namespace, self.lease_name,
+                 f": no other member counted out for {REJOIN_GRACE_SECONDS:g} s, the time "
+                 "they take to re-join" if rejoined else "")
 
     def _on_not_member(self) -> None:
         """Our Lease lapsed (renew deadline), on the lease thread: everything is
         fenced already (check() reads the deadline); drop every slot so that a
         new term starts from nothing, through the handshake."""
         log.warning("member lease lost: dropping every slot")
+        self._not_expired_before = math.inf     # blind until we are back (see _on_member)
         with self._transition:
             with self._cond:
                 self._want = None
@@ -470,7 +505,7 @@ class ShardMember:
 
     def _claims_in(self, leases: Iterable[dict]) -> tuple[set[str], dict[str, frozenset[int]]]:
         return live_claims(leases, self.lease_name, self.slots_annotation, self._seen,
-                           self._clock())
+                           self._clock(), self._not_expired_before)
 
     def _ring_view(self) -> tuple[set[str], dict[str, frozenset[int]]]:
         """What this round plans with: the watch's cache when it has listed, its
@@ -521,7 +556,7 @@ class ShardMember:
         before it counts an expired member out)."""
         if self._deleted is None:
             return
-        expired = expired_leases(self._seen, self._clock())
+        expired = expired_leases(self._seen, self._clock(), self._not_expired_before)
         self._deleted &= set(expired.items())
         for name, version in expired.items():
             if (name, version) in self._deleted or self._stop.is_set():

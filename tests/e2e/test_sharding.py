@@ -14,7 +14,9 @@ in `shard/<its name>`):
 - SIGTERM of one replica: its slots are claimed at once (goal <= 2 s);
 - `kubectl scale` of the operator's Deployment (the sharding overlay) 1 -> 3
   -> 1 under a stream of new `My`, its Pods run as processes by
-  process_kubelet.py: none lost, none written by two replicas in a handover.
+  process_kubelet.py: none lost, none written by two replicas in a handover;
+- kube-apiserver down for longer than a Lease duration: each replica takes
+  back its own share, none claims the others' while they re-join.
 
 The figures are printed (`pytest -s`).
 """
@@ -184,6 +186,14 @@ def create_mys(client, namespace, prefix, count) -> dict[str, int]:
         made = client.create(MY, make_my(f"{prefix}-{i}", namespace), namespace=namespace)
         out[made["metadata"]["name"]] = slot_of(made["metadata"]["uid"])
     return out
+
+
+def deployment_exists(client, namespace, name) -> bool:
+    try:
+        client.get(DEPLOYMENTS, name, namespace=namespace)
+    except NotFoundError:
+        return False
+    return True
 
 
 def wait_available(client, namespace, names, timeout) -> float:
@@ -549,3 +559,85 @@ def test_kubectl_scale_one_to_three_to_one_under_a_stream_of_new_my(plane, api, 
         kubelet.close()
         kubectl(plane, "delete", "deployment/my-controller", "-n", SYSTEM_NS,
                 "--ignore-not-found", check=False)
+
+
+class HeldSampler:
+    """Each replica's `k8s_http_shard_slots_held`, every 0.05 s, on a thread:
+    the most each one held while it ran."""
+
+    def __init__(self, ops):
+        self._ops = ops
+        self.most = {name: 0.0 for name in ops}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "HeldSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for name, op in self._ops.items():
+                self.most[name] = max(self.most[name], held(op))
+
+
+@pytest.mark.mys_deleted_first
+def test_after_an_apiserver_outage_each_replica_takes_back_only_its_share(plane, api,
+                                                                         namespace, fleet):
+    """kube-apiserver down for longer than a Lease duration: every member Lease
+    lapses, and to each replica the others' look expired. The first replica back
+    must not count the others out and claim all 256 slots (at scale: a list of
+    every object, in a replica whose memory is sized for a third) while they
+    re-join: each takes back its own share only, and no Lease is deleted."""
+    install_manifests(plane)
+    figures: dict[str, object] = {}
+    try:
+        ops = {name: start_replica(fleet, plane, namespace, name) for name in REPLICAS}
+        for op in ops.values():
+            op.wait_ready()
+        eventually(lambda: slots_settled(api, namespace, REPLICAS), timeout=30,
+                   interval=0.2, message="the slots were not shared out")
+        shares = {n: lease_slots(api, namespace, n) for n in REPLICAS}
+        figures["slots per replica"] = {n: len(s) for n, s in shares.items()}
+        with HeldSampler(ops) as sampler:
+            plane.kill_apiserver()
+            down = time.monotonic()
+            time.sleep(LEASE_DURATION + 1)
+            plane.start_apiserver()
+            figures["apiserver down s"] = round(time.monotonic() - down, 1)
+            back = time.monotonic()
+            for name, op in ops.items():
+                eventually(lambda op=op: any(m.startswith("re-joined the ring")
+                                             for m in op.messages()),
+                           timeout=30, interval=0.1, message=f"{name} did not re-join")
+            eventually(lambda: slots_settled(api, namespace, REPLICAS), timeout=30,
+                       interval=0.1, message="the slots were not shared out again")
+            figures["shared out again, s after the apiserver was ready"] = round(
+                time.monotonic() - back, 2)
+            time.sleep(1.0)
+        figures["most slots held by each, from the outage on"] = sampler.most
+        assert {n: lease_slots(api, namespace, n) for n in REPLICAS} == shares
+        assert all(sampler.most[n] == len(shares[n]) for n in REPLICAS), sampler.most
+        for name, op in ops.items():
+            assert not [m for m in op.messages() if m.startswith("deleted the expired")], name
+        made = create_mys(api, namespace, "after-outage", 10)
+        created = time.monotonic()
+        eventually(lambda: all(deployment_exists(api, namespace, n) for n in made),
+                   timeout=30, interval=0.1, message="the new My's Deployments were not made")
+        figures["10 new My: Deployments made s"] = round(time.monotonic() - created, 2)
+        # Available takes the plane longer here: its fake Nodes' heartbeats
+        # stopped with the apiserver.
+        figures["10 new My: Available s"] = round(wait_available(api, namespace, made, 60), 2)
+        seq = owners_by_object(plane, namespace)
+        for name, slot in made.items():
+            (writer,) = seq[f"{namespace}/{name}"]
+            assert slot in shares[writer], f"{name} (slot {slot}) written by {writer}"
+    finally:
+        print(f"\napiserver outage under 3 replicas, gate {plane.gate}:")
+        for key, value in figures.items():
+            print(f"  {key}: {value}")
+        fleet.close()

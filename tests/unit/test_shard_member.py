@@ -12,11 +12,12 @@ import pytest
 
 from k8s_http.cache.informer import Informer, own_key
 from k8s_http.control.leader import LeaderRecord
-from k8s_http.control.sharding import (FORGET_SECONDS, UNCACHED, NotOwnerError, SeenLease,
-                                       ShardMember, current_slot, decode_slots, encode_slots,
-                                       expired_leases, live_claims, plan)
+from k8s_http.control.sharding import (FORGET_SECONDS, REJOIN_GRACE_SECONDS, UNCACHED,
+                                       NotOwnerError, SeenLease, ShardMember, current_slot,
+                                       decode_slots, encode_slots, expired_leases, live_claims,
+                                       plan)
 from k8s_http.core import shards
-from k8s_http.core.errors import ForbiddenError
+from k8s_http.core.errors import ForbiddenError, NotFoundError
 from k8s_http.core.objects import LEASES, ObjectKey
 from k8s_http.core.shards import SLOTS, ranges_of_slots, slots_of
 from k8s_http.ops.metrics import Metrics
@@ -843,3 +844,66 @@ def test_a_member_whose_ring_watch_is_down_lists_and_hands_a_new_member_its_shar
     assert a.held == frozenset(range(SLOTS)) - b_share
     b.tick()
     assert b.held == b_share
+
+
+def lapse(member: ShardMember) -> None:
+    """The lease thread's part when the renew deadline passed unrenewed."""
+    assert not member.elector.is_leader()
+    member._on_not_member()
+    assert member.held == frozenset()
+
+
+def rejoin(member: ShardMember) -> None:
+    join(member)
+    member._on_member()
+
+
+def test_after_an_outage_the_first_member_back_takes_only_its_share_while_the_others_rejoin():
+    """30 s without the apiserver: every Lease lapsed, and each looks unchanged
+    to the others for longer than its duration. The first member back counts
+    nobody out for REJOIN_GRACE_SECONDS: it claims its own share, deletes no
+    Lease, and each other member takes its share as it re-joins. One that never
+    comes back is counted out after the grace, its share taken and its Lease
+    deleted."""
+    ring = Ring()
+    members = settled(ring, "a", "b", "c")
+    a, b, c = members
+    shares = {m: m.held for m in members}
+    ring.clock.advance(30.0)
+    for m in members:
+        lapse(m)
+    ring.client.reset()
+    rejoin(a)
+    a.tick()
+    assert a.held == shares[a]
+    assert "delete" not in ring.client.verbs()
+    ring.clock.advance(1.0)
+    rejoin(b)
+    b.tick()
+    assert b.held == shares[b]
+    # c never comes back: once the grace has passed since a and b re-joined.
+    ring.clock.advance(REJOIN_GRACE_SECONDS)
+    join(a), join(b)
+    for m in (a, b, a, b):
+        m.tick()
+    assert a.held | b.held == frozenset(range(SLOTS)) and not a.held & b.held
+    assert a.held == slots_of("a_x", {"a_x", "b_x"})
+    with pytest.raises(NotFoundError):
+        ring.client.get(LEASES, "app-member-c", namespace="ns")
+
+
+def test_a_member_counts_nobody_out_between_its_lapse_and_its_return():
+    """Between the lapse and the new term's start (the lease thread's callback),
+    a round that sees the Lease held again plans with every Lease live."""
+    ring = Ring()
+    a, b = settled(ring, "a", "b")
+    ring.clock.advance(30.0)
+    lapse(a), lapse(b)
+    join(a)                               # held again; _on_member has not run yet
+    a.tick()
+    assert a.held == slots_of("a_x", {"a_x", "b_x"})
+    a._on_member()
+    ring.clock.advance(REJOIN_GRACE_SECONDS)
+    join(a)
+    a.tick()
+    assert a.held == frozenset(range(SLOTS))
