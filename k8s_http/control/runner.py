@@ -78,10 +78,10 @@ logger = logging.getLogger(__name__)
 
 # How long an idle worker blocks on an empty queue before it looks at the stop
 # flag again. Short waits are not free: each wake-up of an idle worker costs
-# ~90 us of CPU, and four workers waking every 0.2 s were 0.17 % of a core, most
-# of an idle operator's CPU. A stop does not wait for it: Manager.stop shuts the
-# queues down, which wakes every blocked worker at once.
-IDLE_WAIT_SECONDS = 2.0
+# ~40-90 us of CPU (four workers every 0.2 s were 0.17 % of a core; every 2 s,
+# 0.019 %, a fifth of an idle operator's). A stop does not wait for it:
+# Manager.stop shuts the queues down, which wakes every blocked worker at once.
+IDLE_WAIT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
