@@ -87,8 +87,8 @@ from my.spec import (CONFIG_HASH_ANNOTATION, FIELD_MANAGER, SLOT_LABEL, LABEL_IN
                      selector_string, validate_my)
 from my.status import (APPLY_FAILED, CONDITION_READY, CONFLICT, INVALID_SPEC,
                        PROGRESS_DEADLINE_EXCEEDED, REPLICA_FAILURE, WARNING_REASONS,
-                       desired_status, is_rollout_pending, pods_worth_reading, ready_summary,
-                       same_inputs, status_changed)
+                       deployment_update_matters, desired_status, is_rollout_pending,
+                       pods_worth_reading, ready_summary, same_inputs, status_changed)
 
 log = logging.getLogger("my_controller")
 
@@ -764,7 +764,10 @@ def main(argv: list[str] | None = None) -> int:
     mgr.add_controller(MY, reconciler, owns=[DEPLOYMENTS, SERVICES],
                        owns_label_selector=MANAGED_SELECTOR, workers=args.workers,
                        transforms=PROJECTIONS, urgent=awaits_reconcile,
-                       urgent_reads=AWAITS_RECONCILE_READS)
+                       urgent_reads=AWAITS_RECONCILE_READS,
+                       # A Deployment's update that changes nothing its My reads
+                       # (its controller's Progressing=True) queues no reconcile.
+                       owned_update_filters={DEPLOYMENTS: deployment_update_matters})
     # A port in use or an address this host does not have is a flag problem,
     # reported as one.
     return run_manager(mgr, NAME)

@@ -5,7 +5,8 @@ should have (``desired_status``, docs/SPEC.md §2), and the questions the
 reconciler asks of a Deployment's status on the way: is the Deployment
 controller about to change it (``is_rollout_pending``), may its Pods say why it
 is not ready (``pods_worth_reading``), did anything a reconcile reads change
-(``same_inputs``), would a write change anything (``status_changed``).
+(``same_inputs`` of a My, ``deployment_update_matters`` of its Deployment), would
+a write change anything (``status_changed``).
 
 Invariants: pure (no I/O, no logging; the time of a condition's transition is
 passed in as ``now``); the `My` and the Deployment are only read, and fields
@@ -166,6 +167,33 @@ def same_inputs(a: dict | None, b: dict | None) -> bool:
     return (a.get("spec") == b.get("spec") and
             all(meta_a.get(f) == meta_b.get(f)
                 for f in ("uid", "generation", "deletionTimestamp", "name", "namespace")))
+
+
+def deployment_update_matters(old: dict, new: dict) -> bool:
+    """Whether the reconcile of the My owning a Deployment could act otherwise on
+    `new` than on `old`, two versions of it as the cache keeps them (the
+    Deployment informer's update filter: an update this is False of does not
+    queue the My). Everything but the status counts (needs_apply and the
+    foreign-entries patch read the spec and the metadata), and of the status,
+    what this module reads: observedGeneration, the counts, a workload failure.
+    Not the other conditions: the Deployment controller's first answer to a new
+    Deployment adds Progressing=True alone, and its last turns Progressing's
+    reason to NewReplicaSetAvailable, neither of which any status reports.
+    tests/unit/test_deployment_updates.py checks that versions this calls alike
+    give every function here the same answer."""
+    return _all_but_status(old) != _all_but_status(new) or _status_read(old) != _status_read(new)
+
+
+def _all_but_status(deployment: dict) -> tuple[dict, dict]:
+    meta = {k: v for k, v in meta_of(deployment).items() if k != "resourceVersion"}
+    return meta, {k: v for k, v in deployment.items() if k not in ("metadata", "status")}
+
+
+def _status_read(deployment: dict) -> tuple:
+    status = deployment.get("status") or {}
+    return (status.get("observedGeneration"), status.get("replicas"),
+            status.get("readyReplicas"), status.get("updatedReplicas"),
+            _workload_failure(status))
 
 
 def status_changed(old: dict | None, new: dict) -> bool:

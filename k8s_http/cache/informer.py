@@ -39,8 +39,8 @@ from .store import Fields, StoreList, Store, nothing_cached
 from .watcher import Watcher
 from .watchstep import STALLS_UNHEALTHY
 
-__all__ = ["Informer", "Mapper", "KeyMapper", "LOW_PRIORITY", "LISTED_URGENT_PRIORITY",
-           "own_key", "owner_key"]
+__all__ = ["Informer", "Mapper", "KeyMapper", "UpdateFilter", "LOW_PRIORITY",
+           "LISTED_URGENT_PRIORITY", "own_key", "owner_key"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ _UNFILTERED = object()      # _on_sync: a list no filter has seen yet
 
 
 Mapper = Callable[[dict], Iterable[ObjectKey]]
+# (old, new) of a watch's update -> whether a handler queues it (add_handler).
+UpdateFilter = Callable[[dict, dict], bool]
 
 
 class KeyMapper:
@@ -196,8 +198,13 @@ class Informer:
         self._label = str(resource)
         self._metrics.init_resource(self._label)
         self._cache_objects = self._metrics.cache_objects.labels(self._label)
-        self._handlers: list[tuple[Mapper, object, Callable[[dict], bool] | None]] = []
+        # (mapper, queue, urgent test, update filter) per handler: see add_handler.
+        self._handlers: list[tuple[Mapper, object, Callable[[dict], bool] | None,
+                                   UpdateFilter | None]] = []
         self._mapped_fields: Fields | None = None  # see add_handler
+        # What a watch's update builds its objects with: the mappers' fields, or
+        # whole objects when a handler's update filter reads them.
+        self._update_fields: Fields | None = None
         # What the handlers' urgent tests read, all together (None: not said,
         # objects are built whole; () without tests), and with the mappers'
         # reads, the fields a list's low objects are built with (see add_handler).
@@ -350,7 +357,8 @@ class Informer:
     # ---- handlers ----
 
     def add_handler(self, mapper: Mapper, queue, *, urgent: Callable[[dict], bool] | None = None,
-                    urgent_reads: Fields | None = None) -> None:
+                    urgent_reads: Fields | None = None,
+                    update_filter: UpdateFilter | None = None) -> None:
         """Add mapper(obj) to queue on every add, update and delete (vanished objects included).
 
         Add handlers before start(): the initial list is delivered to the handlers
@@ -361,8 +369,12 @@ class Informer:
         objects.awaits_reconcile: a `My` created while no replica watched its
         slot is not served after the unchanged ones, nor before the watch's
         events); `urgent_reads`: the fields it reads (else objects are built whole).
+        `update_filter(old, new)`: for a watch's update of a cached object (both as
+        the cache keeps them), whether this handler queues its keys: False when
+        nothing it acts on changed (controller-runtime's update predicate). Adds,
+        deletes and lists always queue; a filter that raises queues too.
         """
-        self._handlers.append((mapper, queue, urgent))
+        self._handlers.append((mapper, queue, urgent, update_filter))
         if urgent is not None:
             self._urgent_reads = (None if not urgent_reads or self._urgent_reads is None else
                                   (*self._urgent_reads, *(tuple(p) for p in urgent_reads)))
@@ -371,9 +383,11 @@ class Informer:
         # owner_key, a Deployment's namespace and ownerReferences instead of the
         # whole object, ~1 us less a child at a relist (measured offline, 10,000
         # Deployments), and far less than the whole object.
-        reads = [m.reads if isinstance(m, KeyMapper) else None for m, _, _ in self._handlers]
+        reads = [m.reads if isinstance(m, KeyMapper) else None for m, _, _, _ in self._handlers]
         self._mapped_fields = (tuple(dict.fromkeys(p for r in reads for p in r))
                                if all(reads) else None)
+        filtered = any(f is not None for *_, f in self._handlers)
+        self._update_fields = None if filtered else self._mapped_fields
         self._listed_fields = (None if self._mapped_fields is None or self._urgent_reads is None
                                else tuple(dict.fromkeys((*self._mapped_fields,
                                                          *self._urgent_reads))))
@@ -512,7 +526,7 @@ class Informer:
             self._cache_objects.set(len(self.store))
             self._enqueue((obj, old) if old is not None else (obj,))
             return
-        change = self.store.upsert_if_changed(obj, fields=self._mapped_fields)
+        change = self.store.upsert_if_changed(obj, fields=self._update_fields)
         self._cache_objects.set(len(self.store))
         if change is None:
             return      # only the resourceVersion moved: the handlers know this object
@@ -522,25 +536,46 @@ class Informer:
         # A writer named otherwise than (queue, key) is no handler's: everyone hears.
         writer = change.echo_of
         skip = writer if isinstance(writer, tuple) and len(writer) == 2 else None
-        self._enqueue((change.new, change.old) if change.old is not None else (change.new,),
-                      skip=skip)
+        if change.old is None:
+            self._enqueue((change.new,), skip=skip)
+        else:
+            self._enqueue((change.new, change.old), skip=skip,
+                          deaf=self._filtered_out(change.old, change.new))
+
+    def _filtered_out(self, old: dict, new: dict) -> list[bool]:
+        """Per handler: True when its update filter says this update is nothing to it."""
+        deaf = []
+        for *_, update_filter in self._handlers:
+            try:
+                deaf.append(update_filter is not None and not update_filter(old, new))
+            except Exception:  # a broken filter must not lose the update: queue it
+                log.exception("update filter %s failed",
+                              getattr(update_filter, "__name__", update_filter))
+                deaf.append(False)
+        return deaf
 
     def _enqueue(self, objs: Iterable[dict], *, skip: tuple[object, ObjectKey] | None = None,
-                 priority: int = 0, listed: bool = False) -> None:
+                 priority: int = 0, listed: bool = False,
+                 deaf: list[bool] | None = None) -> None:
         """The keys the mappers find in `objs` to every handler's queue, each key
         once per queue; a queue with `add_many` (WorkQueue) takes them in one
         call: a relist's tens of thousands of keys cost one lock and one wake-up
         per queue instead of one each. `skip`: (queue, key) not to add.
         `priority` (not 0) goes to add_many(); a queue with add() alone gets plain adds.
         `listed`: a list's low keys, raised to LISTED_URGENT_PRIORITY for the
-        objects a handler's `urgent` test is true of."""
+        objects a handler's `urgent` test is true of. `deaf`: per handler, True
+        to queue nothing (its update filter said so)."""
         found: list[list[ObjectKey]] = [[] for _ in self._handlers]
         raised: list[list[ObjectKey]] = [[] for _ in self._handlers]
+        deaf = deaf or [False] * len(self._handlers)
         for obj in objs:
-            for (mapper, _, urgent), keys, up in zip(self._handlers, found, raised):
+            for (mapper, _, urgent, _), keys, up, off in zip(self._handlers, found, raised,
+                                                              deaf):
+                if off:
+                    continue
                 into = up if listed and urgent is not None and urgent(obj) else keys
                 into.extend(self._keys(mapper, obj))
-        for (_, queue, _), listed_keys, up in zip(self._handlers, found, raised):
+        for (_, queue, _, _), listed_keys, up in zip(self._handlers, found, raised):
             self._add_keys(queue, up, LISTED_URGENT_PRIORITY, None)
             self._add_keys(queue, listed_keys, priority, skip)
 

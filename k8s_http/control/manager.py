@@ -53,7 +53,7 @@ from ..ops.metrics import Metrics
 from ..ops.probes import HealthChecks, ProbeServer
 from ..wire.client import ApiClient
 from ..wire.transport import user_agent
-from ..cache.informer import LOW_PRIORITY, Informer, own_key, owner_key
+from ..cache.informer import LOW_PRIORITY, Informer, UpdateFilter, own_key, owner_key
 from ..cache.store import Store
 from .deletionwatch import DeletionWatches
 from .shardcaches import ShardCaches
@@ -296,7 +296,9 @@ class Manager:
                        reconcile_timeout_seconds: float | None = None,
                        transforms: Mapping[Resource, Callable[[dict], dict]] | None = None,
                        urgent: Callable[[dict], bool] | None = None,
-                       urgent_reads: Iterable[Iterable[str]] | None = None) -> None:
+                       urgent_reads: Iterable[Iterable[str]] | None = None,
+                       owned_update_filters: Mapping[Resource, UpdateFilter] | None = None
+                       ) -> None:
         """Reconcile `resource` objects; changes to `owns` objects map to their controlling owner.
 
         `transforms`: per resource (primary or owned), what its cache keeps of each
@@ -309,6 +311,10 @@ class Manager:
         low), e.g. `awaits_reconcile` with `AWAITS_RECONCILE_READS`: a `My`
         created while the operator restarted, or while its slot's owner was
         dead, is not served after thousands of unchanged ones.
+        `owned_update_filters`: per owned resource, `filter(old, new)` of a watch's
+        update (objects as its cache keeps them): False when the owner's reconcile
+        reads nothing that changed, so the owner is not queued (controller-runtime's
+        `Owns(..., builder.WithPredicates(...))`). Adds and deletes always queue it.
         """
         if self._started:
             raise RuntimeError("add_controller() after start()")
@@ -330,7 +336,8 @@ class Manager:
         informers = [primary]
         for owned in owns:
             informer = self._informer(owned, owns_label_selector, transforms.get(owned))
-            informer.add_handler(owner_key(resource.kind, resource.group), queue)
+            informer.add_handler(owner_key(resource.kind, resource.group), queue,
+                                 update_filter=(owned_update_filters or {}).get(owned))
             informers.append(informer)
             if self._shard_caches is not None:
                 self._shard_caches.add_children(informer, owns_label_selector)

@@ -28,7 +28,8 @@ from k8s_http import (
 from my.render import foreign_entries_patch, render_deployment, render_service
 from my.spec import (CONFIG_HASH_ANNOTATION, LABEL_MANAGED_BY, MY, selector_string, validate_my,
                      validate_spec)
-from my.status import desired_status, is_rollout_pending, status_changed
+from my.status import (deployment_update_matters, desired_status, is_rollout_pending,
+                       status_changed)
 from tests.support.clock import FakeClock
 from tests.support.fake_client import InMemoryApiClient, server_defaults
 
@@ -1419,7 +1420,8 @@ def test_main_wires_the_flags_into_the_manager(monkeypatch):
         owns=[DEPLOYMENTS, SERVICES],
         owns_label_selector="app.kubernetes.io/managed-by=my-controller", workers=2,
         transforms=controller.PROJECTIONS, urgent=controller.awaits_reconcile,
-        urgent_reads=controller.AWAITS_RECONCILE_READS)
+        urgent_reads=controller.AWAITS_RECONCILE_READS,
+        owned_update_filters={DEPLOYMENTS: deployment_update_matters})
 
 
 def test_main_defaults(monkeypatch):

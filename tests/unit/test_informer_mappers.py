@@ -445,3 +445,42 @@ def test_awaits_reconcile_reads_the_status_observed_generation():
     assert not awaits_reconcile({"metadata": {"generation": 2},
                                  "status": {"observedGeneration": 2}})
     assert not awaits_reconcile({"metadata": {}, "status": {}})     # no generation: cannot say
+
+
+def test_an_update_filter_keeps_its_handler_deaf_to_updates_it_says_nothing_of():
+    """A handler's update filter sees the old and the new object whole (as the
+    cache keeps them, even when the mappers read two fields) and decides for
+    its own queue alone; adds and deletes always queue, and a filter that
+    raises queues (an update is never lost to a bug)."""
+    inf = Informer(client=None, resource=DEPLOYMENTS, namespaces=["ns"])
+    filtered, plain = Queue(), Queue()
+    seen = []
+
+    def replicas_changed(old, new):
+        seen.append((old, new))
+        if new["spec"].get("replicas") == "boom":
+            raise ValueError("filter bug")
+        return old["spec"].get("replicas") != new["spec"].get("replicas")
+
+    inf.add_handler(owner_key("My", "mine.jp"), filtered, update_filter=replicas_changed)
+    inf.add_handler(owner_key("My", "mine.jp"), plain)
+    owner = [ObjectKey("ns", "foobar")]
+
+    def version(rv, **spec):
+        obj = child(owner=MY)
+        obj["metadata"]["resourceVersion"] = str(rv)
+        obj["spec"] = spec
+        return obj
+    inf._on_event("ADDED", version(1, replicas=1))
+    assert filtered.keys == plain.keys == owner and not seen
+    inf._on_event("MODIFIED", version(2, replicas=1, paused=True))
+    assert filtered.keys == owner and plain.keys == owner * 2
+    old, new = seen[-1]
+    assert old["spec"] == {"replicas": 1} and new["spec"] == {"replicas": 1, "paused": True}
+    assert old["metadata"]["resourceVersion"] == "1" and new["metadata"]["ownerReferences"]
+    inf._on_event("MODIFIED", version(3, replicas=2))
+    assert filtered.keys == owner * 2 and plain.keys == owner * 3
+    inf._on_event("MODIFIED", version(4, replicas="boom"))
+    assert filtered.keys == owner * 3 and plain.keys == owner * 4
+    inf._on_event("DELETED", version(5, replicas="boom"))
+    assert filtered.keys == owner * 4 and plain.keys == owner * 5
