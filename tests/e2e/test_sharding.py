@@ -563,11 +563,13 @@ def test_kubectl_scale_one_to_three_to_one_under_a_stream_of_new_my(plane, api, 
 
 class HeldSampler:
     """Each replica's `k8s_http_shard_slots_held`, every 0.05 s, on a thread:
-    the most each one held while it ran."""
+    the most each one held while it ran, and every scrape that failed (a
+    sampler that stopped seeing would let the test pass unseen)."""
 
     def __init__(self, ops):
         self._ops = ops
         self.most = {name: 0.0 for name in ops}
+        self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -582,7 +584,10 @@ class HeldSampler:
     def _run(self) -> None:
         while not self._stop.wait(0.05):
             for name, op in self._ops.items():
-                self.most[name] = max(self.most[name], held(op))
+                try:
+                    self.most[name] = max(self.most[name], held(op))
+                except Exception as exc:  # reported by the test, which then fails
+                    self.failures.append(f"{name}: {exc!r}")
 
 
 @pytest.mark.mys_deleted_first
@@ -620,6 +625,7 @@ def test_after_an_apiserver_outage_each_replica_takes_back_only_its_share(plane,
                 time.monotonic() - back, 2)
             time.sleep(1.0)
         figures["most slots held by each, from the outage on"] = sampler.most
+        assert not sampler.failures, sampler.failures[:5]
         assert {n: lease_slots(api, namespace, n) for n in REPLICAS} == shares
         assert all(sampler.most[n] == len(shares[n]) for n in REPLICAS), sampler.most
         for name, op in ops.items():
