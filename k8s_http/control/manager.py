@@ -727,7 +727,7 @@ class Manager:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         self.start()
-        while not (self._stop_requested.wait(MAIN_WAIT_SECONDS) or self._stop.is_set()):
+        while not self._stop_requested.wait(MAIN_WAIT_SECONDS):
             pass
         return self.stop()
 

@@ -167,12 +167,16 @@ def slots_settled(client, namespace, replicas) -> bool:
                for n in replicas)
 
 
-def lease_exists(client, namespace, replica) -> bool:
+def exists(client, resource, namespace, name) -> bool:
     try:
-        client.get(LEASES, f"{APP}-member-{replica}", namespace=namespace)
+        client.get(resource, name, namespace=namespace)
     except NotFoundError:
         return False
     return True
+
+
+def lease_exists(client, namespace, replica) -> bool:
+    return exists(client, LEASES, namespace, f"{APP}-member-{replica}")
 
 
 def held(op) -> float:
@@ -186,14 +190,6 @@ def create_mys(client, namespace, prefix, count) -> dict[str, int]:
         made = client.create(MY, make_my(f"{prefix}-{i}", namespace), namespace=namespace)
         out[made["metadata"]["name"]] = slot_of(made["metadata"]["uid"])
     return out
-
-
-def deployment_exists(client, namespace, name) -> bool:
-    try:
-        client.get(DEPLOYMENTS, name, namespace=namespace)
-    except NotFoundError:
-        return False
-    return True
 
 
 def wait_available(client, namespace, names, timeout) -> float:
@@ -632,7 +628,7 @@ def test_after_an_apiserver_outage_each_replica_takes_back_only_its_share(plane,
             assert not [m for m in op.messages() if m.startswith("deleted the expired")], name
         made = create_mys(api, namespace, "after-outage", 10)
         created = time.monotonic()
-        eventually(lambda: all(deployment_exists(api, namespace, n) for n in made),
+        eventually(lambda: all(exists(api, DEPLOYMENTS, namespace, n) for n in made),
                    timeout=30, interval=0.1, message="the new My's Deployments were not made")
         figures["10 new My: Deployments made s"] = round(time.monotonic() - created, 2)
         # Available takes the plane longer here: its fake Nodes' heartbeats
