@@ -46,7 +46,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from .packcode import PlaceToken, compile_packer
-from .packed import DIGITS, END, LEAF, LIST, MAP, digits_as_int, nest, seal
+from .packed import DIGITS, END, LAYOUTS, LEAF, LIST, MAP, digits_as_int, nest, seal
 
 __all__ = ["Projection", "Interner", "DroppedFieldRead", "INTERNER"]
 
@@ -272,7 +272,13 @@ class Projection:
         `unpack(self.pack(obj)) == self(obj)`, without building the projected dicts.
         By the walk compiled for the declaration, or the generic one when the
         declaration is too deep to compile."""
-        intern, repeated = self._bound_intern(), self._repeated_intern()
+        # (Written out rather than through _bound_intern and seal: this runs once
+        # per object of every list and event, and each call saved is ~1 % of it.)
+        interner = self._interner
+        if interner is None:
+            intern = repeated = _keep_as_is
+        else:
+            intern, repeated = interner.bound(), interner.repeated
         leaves: list = []
         if self._packer is None:
             signature: list = []
@@ -280,7 +286,10 @@ class Projection:
             return seal(signature, leaves)
         signature = [self._signature_head]
         self._packer(obj, intern, repeated, leaves.append, signature.append)
-        return seal(signature, leaves, lambda: self._shape_of(obj, len(leaves)))
+        key = tuple(signature)
+        layout = LAYOUTS.find(key) or LAYOUTS.layout(
+            key, len(leaves), lambda: self._shape_of(obj, len(leaves)))
+        return (layout, *leaves)
 
     def _shape_of(self, obj: dict, leaves: int) -> object:
         """The shape of `obj`'s projection, from the generic walk's signature (for
@@ -375,8 +384,7 @@ class Projection:
             if sub is None:
                 kind = item.__class__
                 if kind is str or kind is int:
-                    leaf(intern(item, item))
-                    token(LEAF)
+                    leaf(intern(item, item))        # a map's leaf: its key alone
                 else:
                     self._pack_whole(item, intern, leaf, token)
             elif sub.__class__ is dict:
@@ -396,13 +404,11 @@ class Projection:
                 # Leaves inline: most values kept whole are maps of strings.
                 kind = item.__class__
                 if kind is str or kind is int:
-                    leaf(intern(item, item))
-                    token(LEAF)
+                    leaf(intern(item, item))        # a map's leaf: its key alone
                 elif kind is dict or kind is list or isinstance(item, str):
                     self._pack_whole(item, intern, leaf, token)
                 else:
                     leaf(item)
-                    token(LEAF)
             token(END)
         elif cls is list:
             token(LIST)
@@ -417,10 +423,9 @@ class Projection:
         """A value under a `distinct` path: never shared; digits as an int."""
         if value.__class__ is str:
             number = digits_as_int(value)
-            if number is not None:
-                leaf(number)
-                token(DIGITS)
-                return
+            leaf(value if number is None else number)
+            token(LEAF if number is None else DIGITS)
+            return
         self._pack_whole(value, _keep_as_is, leaf, token)
 
     def _whole(self, value: object, intern) -> object:

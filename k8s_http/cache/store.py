@@ -142,6 +142,11 @@ class _ByNamespace:
     def __contains__(self, key: ObjectKey) -> bool:
         return self.get(key) is not None
 
+    def present(self, keys: Iterable[ObjectKey]) -> list[ObjectKey]:
+        """Those of `keys` held (in one call: a list's keys, tens of thousands)."""
+        spaces = self._spaces
+        return [key for key in keys if key.name in spaces.get(key.namespace, ())]
+
     def __len__(self) -> int:
         return self._count
 
@@ -545,7 +550,7 @@ class Store:
             else:
                 vanished = []
                 stale = (objects.keys_in(namespace) if scope is None else scope) + \
-                    [k for k in incoming if k in objects]
+                    objects.present(incoming)
                 for key in stale:
                     old = objects.pop(key)
                     if old is None:

@@ -32,6 +32,18 @@ def test_objects_of_one_shape_share_their_layout_and_keep_only_leaves():
     assert other[0] is not a[0]
 
 
+def test_a_maps_leaf_has_no_token_of_its_own_and_an_explicit_one_reads_the_same():
+    implicit = (packed.MAP, "a", "b", packed.MAP, "c", packed.END, "d", packed.DIGITS, packed.END)
+    explicit = (packed.MAP, "a", packed.LEAF, "b", packed.MAP, "c", packed.LEAF, packed.END,
+                "d", packed.DIGITS, packed.END)
+    shape = ("{", ("a", "b", "d"), (None, ("{", ("c",), (None,)), packed.DIGITS_SHAPE))
+    assert packed.nest(implicit) == packed.nest(explicit) == shape
+    leaves, signature = [], []
+    packed.pack_into({"a": 1, "b": {"c": "x"}, "l": [2]}, leaves, signature)
+    assert signature == [packed.MAP, "a", "b", packed.MAP, "c", packed.END,
+                         "l", packed.LIST, packed.LEAF, packed.END, packed.END]
+
+
 def test_every_unpack_builds_new_containers():
     p = pack({"a": {"b": [1, {"c": 2}]}})
     first, second = unpack(p), unpack(p)
