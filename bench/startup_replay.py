@@ -24,7 +24,8 @@ and prints each round's process CPU and the ratio ours ÷ bare, then the median.
 `instructions` runs each side once more, each in a fresh process under
 valgrind's callgrind (`apt-get install valgrind`), and counts the machine
 instructions it executes, less those of a process of the same checkout that
-only loads the recording: per object, and ours ÷ bare. Other checkouts
+only loads the recording: per object, and ours ÷ bare. Each checkout is
+byte-compiled first, so that every counted process reads the same .pyc files. Other checkouts
 (`--root`, e.g. a `git worktree` of the commit before a change) are counted
 for ours too. CPU seconds on this shared host move by a third from minute to
 minute (other tenants take up to a third of its cycles); an instruction count
@@ -43,6 +44,7 @@ apiserver is not the slower side.
 from __future__ import annotations
 
 import argparse
+import compileall
 import gc
 import json
 import re
@@ -250,8 +252,10 @@ def instructions(directory: Path, roots: list[Path], log=print) -> dict:
     recording."""
     directory = directory.resolve()
     objects = sum(data.count(b"\n") for data in load(directory).values()) - len(READS)
-    # Each checkout's own loading process: it imports (and, without .pyc files
-    # to read, compiles) that checkout's modules, which are no part of a side.
+    for root in dict.fromkeys([ROOT, *roots]):
+        compile_checkout(root)
+    # Each checkout's own loading process: it imports that checkout's modules,
+    # which are no part of a side.
     loads = {root: count_instructions(root, directory, "load") for root in dict.fromkeys(
         [ROOT, *roots])}
     bare_count = count_instructions(ROOT, directory, "bare") - loads[ROOT]
@@ -264,6 +268,24 @@ def instructions(directory: Path, roots: list[Path], log=print) -> dict:
         log(f"ours at {root}: {ours_count / objects:,.0f} instructions an object, "
             f"ours / bare {ours_count / bare_count:.3f}")
     return result
+
+
+# What a counted process imports from a checkout.
+COMPILED = ("k8s_http", "my", "bench", "controller.py")
+
+
+def compile_checkout(root: Path) -> None:
+    """Write the .pyc files of `root`'s modules, so that every counted process
+    reads them. Without them (a fresh `git worktree`, or PYTHONDONTWRITEBYTECODE)
+    the first process to import a module compiles it and the next ones may not:
+    a load run that compiled, subtracted from an ours run that did not, made a
+    checkout ~25,000 instructions an object too cheap (sessions 27 and 28)."""
+    for name in COMPILED:
+        path = root / name
+        if path.is_dir():
+            compileall.compile_dir(str(path), quiet=1)
+        elif path.is_file():
+            compileall.compile_file(str(path), quiet=1)
 
 
 def load(directory: Path) -> dict[str, bytes]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,18 @@ def test_the_counted_program_runs_one_side_of_a_checkout(tmp_path):
         proc = subprocess.run(startup_replay.count_command(ROOT, tmp_path, side),
                               capture_output=True, text=True, cwd=ROOT, check=True)
         assert proc.stdout.strip() == printed
+
+
+def test_a_checkout_is_byte_compiled_before_it_is_counted(tmp_path):
+    # A load run that compiles and an ours run that reads .pyc files would not
+    # subtract: every counted process must find them written.
+    (tmp_path / "k8s_http").mkdir()
+    (tmp_path / "k8s_http" / "wire.py").write_text("X = 1\n")
+    (tmp_path / "controller.py").write_text("Y = 2\n")
+    startup_replay.compile_checkout(tmp_path)
+    tag = sys.implementation.cache_tag
+    assert (tmp_path / "k8s_http" / "__pycache__" / f"wire.{tag}.pyc").is_file()
+    assert (tmp_path / "__pycache__" / f"controller.{tag}.pyc").is_file()
 
 
 def test_callgrinds_total_is_read_from_its_summary_line():
