@@ -273,7 +273,8 @@ class Projection:
         By the walk compiled for the declaration, or the generic one when the
         declaration is too deep to compile."""
         # (Written out rather than through _bound_intern and seal: this runs once
-        # per object of every list and event, and each call saved is ~1 % of it.)
+        # per object of every list and event, and the calls and the closure it
+        # saves were 1,800 of ~280,000 instructions an object at start-up.)
         interner = self._interner
         if interner is None:
             intern = repeated = _keep_as_is
