@@ -252,12 +252,12 @@ def instructions(directory: Path, roots: list[Path], log=print) -> dict:
     recording."""
     directory = directory.resolve()
     objects = sum(data.count(b"\n") for data in load(directory).values()) - len(READS)
-    for root in dict.fromkeys([ROOT, *roots]):
+    checkouts = list(dict.fromkeys([ROOT, *roots]))
+    for root in checkouts:
         compile_checkout(root)
     # Each checkout's own loading process: it imports that checkout's modules,
     # which are no part of a side.
-    loads = {root: count_instructions(root, directory, "load") for root in dict.fromkeys(
-        [ROOT, *roots])}
+    loads = {root: count_instructions(root, directory, "load") for root in checkouts}
     bare_count = count_instructions(ROOT, directory, "bare") - loads[ROOT]
     result = {"objects": objects, "load": {str(r): n for r, n in loads.items()},
               "bare": bare_count, "ours": {}}
