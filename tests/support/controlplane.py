@@ -821,15 +821,24 @@ class ControlPlane:
             if name != "kube-apiserver":
                 raise ControlPlaneError("an attached plane can only start kube-apiserver")
             return self.start_apiserver()
-        ready = {"etcd": lambda: _etcd_healthy(self.etcd_port)}.get(name, lambda: True)
+        kcm_context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+        ready = {"etcd": lambda: _etcd_healthy(self.etcd_port),
+                 "kube-controller-manager": lambda: _probe(self.kcm_port, "/healthz",
+                                                           kcm_context),
+                 }.get(name, lambda: True)
         with self._lock:
             if name in self._procs:
                 raise ControlPlaneError(f"{name} is already running")
             t0 = time.monotonic()
             self._spawn(name, self._argv[name])
-            self._wait(name, ready, ETCD_READY_TIMEOUT_SECONDS)
+            self._wait(name, ready, max(ETCD_READY_TIMEOUT_SECONDS, KCM_READY_TIMEOUT_SECONDS))
             self._write_state("ready")
             return time.monotonic() - t0
+
+    def restart_process(self, name: str) -> float:
+        """kill_process then start_process; returns seconds until it serves again."""
+        self.kill_process(name)
+        return self.start_process(name)
 
     def restart_apiserver(self, sig: int = signal.SIGKILL) -> float:
         self.kill_apiserver(sig)
