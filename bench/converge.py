@@ -64,11 +64,14 @@ from bench.convergence.observer import Observer
 from bench.convergence.operators import (
     ControllerRuntimeOperator, KopfOperator, OperatorProcess, OurOperator, precompile,
 )
+from bench.convergence.floor_operator import FloorOperator
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 ALL_OPERATORS = ("ours-w1", "ours-w4", "ours-w16", "cr-w4", "kopf")
+# --pods-ready only: no operator, the least writes any operator makes (floor_operator.py).
+FLOOR = FloorOperator.key
 HEADLINE = "ours-w4"          # the default --workers: the configuration the goals are judged on
 REFERENCE = "cr-w4"           # what the ratios are to: controller-runtime, 4 workers like ours
 CRPEER_BUILD = HERE / "peers" / "build_crpeer.sh"
@@ -105,6 +108,8 @@ class Bench:
                       log_dir=self.work_dir)
         if key == "kopf":
             return KopfOperator(venv=self.kopf_venv, **common)
+        if key == FLOOR:
+            return FloorOperator(self.cluster.kubeconfig, namespace)
         if key.startswith("cr-w"):
             return ControllerRuntimeOperator(workers=int(key.split("-w")[1]),
                                              binary=self.crpeer(), **common)
@@ -182,6 +187,8 @@ class Bench:
         op = self.make_operator(key, namespace, profile_to=(
             profile.with_name(f"{profile.stem}-r{run}-{load.key}{profile.suffix}")
             if profile is not None and key == HEADLINE else None))
+        if isinstance(op, FloorOperator):
+            op.watch_through(observer)
         interrupted = True
         try:
             op.start(f"r{run}-{load.key}")
@@ -555,7 +562,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "takes them (default: %(default)s)")
     parser.add_argument("--operators", default=None,
                         help="which of %s (default: ours-w4,cr-w4,kopf; --pods-ready: "
-                             "ours-w4,cr-w4)" % ", ".join(ALL_OPERATORS))
+                             "ours-w4,cr-w4,%s: with --pods-ready only, %s is no operator "
+                             "but the least writes any operator makes)"
+                             % (", ".join(ALL_OPERATORS), FLOOR, FLOOR))
     parser.add_argument("--pods-ready", action="store_true",
                         help="instead of the bursts: per object, create -> My Ready=True "
                              "Available on the plane with Pods, split into what the operator "
@@ -603,7 +612,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.runs is None:
         args.runs = 1 if args.pods_ready else 2
     if args.operators is None:
-        args.operators = "ours-w4,cr-w4" if args.pods_ready else "ours-w4,cr-w4,kopf"
+        args.operators = f"ours-w4,cr-w4,{FLOOR}" if args.pods_ready else "ours-w4,cr-w4,kopf"
     if args.out is None:
         args.out = HERE / "results" / ("converge_ready.json" if args.pods_ready
                                        else "converge.json")
@@ -619,6 +628,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.operators = [o.strip() for o in args.operators.split(",") if o.strip()]
     args.full = [o.strip() for o in args.full.split(",") if o.strip()]
     unknown = [o for o in args.operators if o not in ALL_OPERATORS and
+               not (o == FLOOR and args.pods_ready) and
                not (o.startswith(("ours-w", "cr-w")) and o.split("-w")[1].isdigit())]
     if unknown or not args.sizes or args.runs < 1 or min(args.sizes) < 1:
         parser.error(f"bad --operators {unknown} / --sizes / --runs")
@@ -734,5 +744,6 @@ def measure_ready(args, argv: list[str]) -> tuple[dict, Path]:
         data["reference"], data["headline"] = reference, HEADLINE
         data["ratios"] = report.ratios(raw, reference=reference)
         if HEADLINE in raw and reference in raw and HEADLINE != reference:
-            data["goals"] = ready_report.goals(data, op=HEADLINE, reference=reference)
+            data["goals"] = ready_report.goals(data, op=HEADLINE, reference=reference,
+                                               floor=FLOOR if FLOOR in raw else None)
         return data, args.out

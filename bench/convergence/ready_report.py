@@ -17,28 +17,34 @@ def med(agg: dict, op: str, scenario: str, key: str) -> float | None:
     return fig["median"] if fig else None
 
 
-def goals(data: dict, *, op: str, reference: str) -> list[dict]:
-    """Item 5's goals for `op`, as ratios to `reference` from the same run."""
+def goals(data: dict, *, op: str, reference: str, floor: str | None = None) -> list[dict]:
+    """Item 5's goals for `op`, as ratios to `reference` from the same run. With
+    `floor` (the no-operator stand-in, floor_operator.py) in the run, each ratio
+    goal also carries the floor's own ratio: the best any operator could reach."""
     agg, rat = data["operators"], data["ratios"]
     out = []
 
-    def goal(text, value, target, unit):
+    def goal(text, value, target, unit, figure=None):
         out.append({"goal": text, "value": value, "target": target, "unit": unit,
                     "met": None if value is None else value <= target})
+        if floor and figure:
+            out[-1]["floor"] = med(rat, floor, figure[0], figure[1])
 
     for load in data["loads"]:
         key, title = load["key"], load["title"]
         if load["rate"] is None:
             goal(f"{title}: operator-added p50 <= the peer's", med(rat, op, key,
-                 "operator_added_p50_ms"), 1.0, "x")
+                 "operator_added_p50_ms"), 1.0, "x", (key, "operator_added_p50_ms"))
         else:
             for q in ("p50", "p99"):
                 goal(f"{title}: operator-added {q} <= 0.5x the peer's",
-                     med(rat, op, key, f"operator_added_{q}_ms"), 0.5, "x")
+                     med(rat, op, key, f"operator_added_{q}_ms"), 0.5, "x",
+                     (key, f"operator_added_{q}_ms"))
     for load in data["loads"]:
         key, title = load["key"], load["title"]
         goal(f"{title}: plane CPU (kube-apiserver + etcd, above quiet) per My <= 0.8x",
-             med(rat, op, key, "plane_cpu_net_ms_per_my"), 0.8, "x")
+             med(rat, op, key, "plane_cpu_net_ms_per_my"), 0.8, "x",
+             (key, "plane_cpu_net_ms_per_my"))
         goal(f"{title}: operator CPU <= 0.75x", med(rat, op, key, "cpu_seconds"), 0.75, "x")
         goal(f"{title}: writes per My (Events apart), create -> Ready <= 4.0",
              med(agg, op, key, "object_writes_to_ready_per_my"), 4.0, "")
@@ -91,6 +97,12 @@ def section(data: dict) -> list[str]:
     if data.get("goals"):
         out += [f"### Goals ({labels.get(headline, headline)} ÷ {ref_label}, same run)", ""]
         out += report.goal_lines(data["goals"]) + [""]
+        if any("floor" in g for g in data["goals"]):
+            out += ["The floor is no operator: the bench writes each My's Deployment and "
+                    "Service when it sees the My, and its status once when it sees the "
+                    "Deployment available (bench/convergence/floor_operator.py). Its ratio "
+                    "to the peer is the best any operator could reach on this plane: a goal "
+                    "below it cannot be met here.", ""]
     out += ["### Per object and per My", "",
             "| load | operator | create → Ready p50 / p99 | operator-added p50 / p99 | "
             "create → Deployment p50 / p99 | Deployment → available (plane) p50 / p99 | "

@@ -182,10 +182,21 @@ def scenario_table(scenario: str, agg: dict, rat: dict, labels: dict,
 
 
 def goal_lines(goal_list: list[dict]) -> list[str]:
-    lines = ["| goal | measured | met? |", "|---|---|---|"]
+    """A goals table; with a "floor" column when some goal carries the floor's own
+    figure (the best any operator could reach: see floor_operator.py)."""
+    floors = any("floor" in g for g in goal_list)
+    lines = (["| goal | measured | met? | the floor (no operator) |", "|---|---|---|---|"]
+             if floors else ["| goal | measured | met? |", "|---|---|---|"])
+
+    def floor_cell(g) -> str:
+        if not floors:
+            return ""
+        value = g.get("floor")
+        return " – |" if value is None else f" {value:.2f}{g.get('unit', '')} |"
+
     for g in goal_list:
         if g["value"] is None:
-            lines.append(f"| {g['goal']} | not measured | – |")
+            lines.append(f"| {g['goal']} | not measured | – |{floor_cell(g)}")
             continue
         value, target, unit = g["value"], g["target"], g.get("unit", "")
         shown = f"{value:.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
@@ -197,5 +208,5 @@ def goal_lines(goal_list: list[dict]) -> list[str]:
             verdict = f"**no**: {value / target:.1f}x the limit ({value - target:+.2f}{unit})"
         else:
             verdict = f"**no**: {value}{unit}"
-        lines.append(f"| {g['goal']} | {shown} | {verdict} |")
+        lines.append(f"| {g['goal']} | {shown} | {verdict} |{floor_cell(g)}")
     return lines

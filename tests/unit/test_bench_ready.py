@@ -64,9 +64,11 @@ def test_an_object_not_yet_ready_is_pending_and_left_out_of_the_figures():
     assert each.figures()["ready_max_ms"] == pytest.approx(200)
 
 
-def _data(ours: dict, peer: dict) -> dict:
+def _data(ours: dict, peer: dict, floor: dict | None = None) -> dict:
     raw = {"ours-w4": {"ready_10_serial": [ours], "ready_20_5ps": [ours]},
            "cr-w4": {"ready_10_serial": [peer], "ready_20_5ps": [peer]}}
+    if floor is not None:
+        raw["floor"] = {"ready_10_serial": [floor], "ready_20_5ps": [floor]}
     return {"raw": raw, "operators": report.aggregate(raw),
             "ratios": report.ratios(raw, reference="cr-w4"),
             "loads": [{"key": "ready_10_serial", "title": "10 one at a time", "rate": None},
@@ -88,6 +90,46 @@ def test_goals_are_ratios_to_the_peer_and_the_write_budget():
         "met"] is True
     assert goals["10 one at a time: writes per My (Events apart), create -> Ready <= 4.0"][
         "value"] == 3.5
+
+
+def test_with_the_floor_in_the_run_each_ratio_goal_shows_the_best_any_operator_could_reach():
+    ours = {"operator_added_p50_ms": 20.0, "operator_added_p99_ms": 40.0, "cpu_seconds": 1.0,
+            "plane_cpu_net_ms_per_my": 90.0, "object_writes_to_ready_per_my": 3.5}
+    peer = {"operator_added_p50_ms": 25.0, "operator_added_p99_ms": 50.0, "cpu_seconds": 2.0,
+            "plane_cpu_net_ms_per_my": 100.0, "object_writes_to_ready_per_my": 4.5}
+    floor = {"operator_added_p50_ms": 15.0, "operator_added_p99_ms": 30.0, "cpu_seconds": 0.0,
+             "plane_cpu_net_ms_per_my": 85.0, "object_writes_to_ready_per_my": 3.0}
+    listed = ready_report.goals(_data(ours, peer, floor), op="ours-w4", reference="cr-w4",
+                                floor="floor")
+    goals = {g["goal"]: g for g in listed}
+    assert goals["20 at 5/s: operator-added p50 <= 0.5x the peer's"]["floor"] == 0.6
+    assert goals["20 at 5/s: plane CPU (kube-apiserver + etcd, above quiet) per My <= 0.8x"][
+        "floor"] == 0.85
+    # No floor figure for what only an operator process has.
+    assert "floor" not in goals["20 at 5/s: operator CPU <= 0.75x"]
+    lines = report.goal_lines(listed)
+    assert lines[0].endswith("| the floor (no operator) |")
+    assert any(line.endswith("| 0.85x |") for line in lines)
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+
+
+def test_the_floor_makes_each_mys_children_once_and_reports_each_once_when_available():
+    from bench.convergence.floor_operator import FloorOperator
+    floor = FloorOperator(kubeconfig=None, namespace="ns")
+    my = {"metadata": {"name": "a", "generation": 1}}
+    progressing = {"metadata": {"name": "a", "generation": 1},
+                   "spec": {"replicas": 1}, "status": {"observedGeneration": 1}}
+    available = {"metadata": {"name": "a", "generation": 1}, "spec": {"replicas": 1},
+                 "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                            "readyReplicas": 1, "availableReplicas": 1}}
+    for kind, obj in (("my", my), ("my", my), ("deployment", progressing),
+                      ("deployment", available), ("deployment", available), ("service", my)):
+        floor.offer(kind, obj, 0.0)
+    queued = []
+    while not floor._todo.empty():
+        what, obj = floor._todo.get_nowait()
+        queued.append((what, obj["metadata"]["name"]))
+    assert queued == [("children", "a"), ("status", "a")]
 
 
 def test_the_section_replaces_its_earlier_self_and_survives_the_burst_report(tmp_path):
