@@ -42,6 +42,14 @@ FLOOR_USER_AGENT = "my-controller-bench/floor"
 FIELD_MANAGER = "bench-floor"
 
 
+def make_children(client: ApiClient, my: dict, namespace: str) -> None:
+    """The Deployment and Service our controller would make for `my` (its own render
+    functions), by create-only applies: what any operator must write first."""
+    for resource, render in ((DEPLOYMENTS, render_deployment), (SERVICES, render_service)):
+        client.apply(resource, render(my), field_manager=FIELD_MANAGER, force=True,
+                     namespace=namespace, create_only=True)
+
+
 class FloorOperator:
     """An OperatorProcess look-alike with no process (see the module doc). Feed it
     the run's observer with `watch_through` before `start`."""
@@ -123,7 +131,7 @@ class FloorOperator:
             what, obj = item
             try:
                 if what == "children":
-                    self._make_children(obj)
+                    make_children(self._client, obj, self.namespace)
                 else:
                     self._report_available(obj)
             except (ApiError, OSError, RuntimeError) as err:
@@ -131,11 +139,6 @@ class FloorOperator:
                 continue
             with self._lock:
                 self._done += 1
-
-    def _make_children(self, my: dict) -> None:
-        for resource, render in ((DEPLOYMENTS, render_deployment), (SERVICES, render_service)):
-            self._client.apply(resource, render(my), field_manager=FIELD_MANAGER, force=True,
-                               namespace=self.namespace, create_only=True)
 
     def _report_available(self, deployment: dict) -> None:
         name = deployment["metadata"]["name"]

@@ -24,27 +24,29 @@ def goals(data: dict, *, op: str, reference: str, floor: str | None = None) -> l
     agg, rat = data["operators"], data["ratios"]
     out = []
 
-    def goal(text, value, target, unit, figure=None):
+    def goal(text, value, target, unit):
         out.append({"goal": text, "value": value, "target": target, "unit": unit,
                     "met": None if value is None else value <= target})
-        if floor and figure:
-            out[-1]["floor"] = med(rat, floor, figure[0], figure[1])
+
+    def bounded_goal(text, key, figure, target):
+        """A ratio goal the floor's own ratio bounds: both from `figure` of load `key`."""
+        goal(text, med(rat, op, key, figure), target, "x")
+        if floor:
+            out[-1]["floor"] = med(rat, floor, key, figure)
 
     for load in data["loads"]:
         key, title = load["key"], load["title"]
         if load["rate"] is None:
-            goal(f"{title}: operator-added p50 <= the peer's", med(rat, op, key,
-                 "operator_added_p50_ms"), 1.0, "x", (key, "operator_added_p50_ms"))
+            bounded_goal(f"{title}: operator-added p50 <= the peer's", key,
+                         "operator_added_p50_ms", 1.0)
         else:
             for q in ("p50", "p99"):
-                goal(f"{title}: operator-added {q} <= 0.5x the peer's",
-                     med(rat, op, key, f"operator_added_{q}_ms"), 0.5, "x",
-                     (key, f"operator_added_{q}_ms"))
+                bounded_goal(f"{title}: operator-added {q} <= 0.5x the peer's", key,
+                             f"operator_added_{q}_ms", 0.5)
     for load in data["loads"]:
         key, title = load["key"], load["title"]
-        goal(f"{title}: plane CPU (kube-apiserver + etcd, above quiet) per My <= 0.8x",
-             med(rat, op, key, "plane_cpu_net_ms_per_my"), 0.8, "x",
-             (key, "plane_cpu_net_ms_per_my"))
+        bounded_goal(f"{title}: plane CPU (kube-apiserver + etcd, above quiet) per My <= 0.8x",
+                     key, "plane_cpu_net_ms_per_my", 0.8)
         goal(f"{title}: operator CPU <= 0.75x", med(rat, op, key, "cpu_seconds"), 0.75, "x")
         goal(f"{title}: writes per My (Events apart), create -> Ready <= 4.0",
              med(agg, op, key, "object_writes_to_ready_per_my"), 4.0, "")

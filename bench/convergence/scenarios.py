@@ -223,8 +223,7 @@ def floor(cluster: BenchCluster, observer: Observer, namespace: str, count: int,
     load_threads at a time). The time until kube-controller-manager has seen every
     Deployment is the earliest any operator could report the Mys' status on this
     machine: what no operator can go below, and what bounds the ratio to kopf."""
-    from my.render import render_deployment, render_service   # the bench runs from ROOT
-    from k8s_http.core.objects import DEPLOYMENTS, SERVICES
+    from .floor_operator import make_children       # it imports my.render: the bench runs from ROOT
 
     todo = names("my", count)
     tracker = observer.track([("deployment", n) for n in todo],
@@ -233,9 +232,7 @@ def floor(cluster: BenchCluster, observer: Observer, namespace: str, count: int,
     def make(name: str) -> None:
         my = cluster.client.create(MY, my_object(name, "v0", settings.replicas),
                                    namespace=namespace)
-        for resource, render in ((DEPLOYMENTS, render_deployment), (SERVICES, render_service)):
-            cluster.client.apply(resource, render(my), field_manager="bench-floor", force=True,
-                                 namespace=namespace, create_only=True)
+        make_children(cluster.client, my, namespace)
 
     plane0 = cluster.control_plane_cpu()
     t0 = time.monotonic()

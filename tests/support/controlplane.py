@@ -821,17 +821,16 @@ class ControlPlane:
             if name != "kube-apiserver":
                 raise ControlPlaneError("an attached plane can only start kube-apiserver")
             return self.start_apiserver()
-        kcm_context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
-        ready = {"etcd": lambda: _etcd_healthy(self.etcd_port),
-                 "kube-controller-manager": lambda: _probe(self.kcm_port, "/healthz",
-                                                           kcm_context),
-                 }.get(name, lambda: True)
+        ready, timeout = {
+            "etcd": (lambda: _etcd_healthy(self.etcd_port), ETCD_READY_TIMEOUT_SECONDS),
+            "kube-controller-manager": (self._kcm_healthy, KCM_READY_TIMEOUT_SECONDS),
+        }.get(name, (lambda: True, 0.0))
         with self._lock:
             if name in self._procs:
                 raise ControlPlaneError(f"{name} is already running")
             t0 = time.monotonic()
             self._spawn(name, self._argv[name])
-            self._wait(name, ready, max(ETCD_READY_TIMEOUT_SECONDS, KCM_READY_TIMEOUT_SECONDS))
+            self._wait(name, ready, timeout)
             self._write_state("ready")
             return time.monotonic() - t0
 
@@ -1052,10 +1051,13 @@ class ControlPlane:
                 "--v=1",
                 *self._extra_args["kube-controller-manager"],
             ])
-            ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-            self._wait("kube-controller-manager", lambda: _probe(self.kcm_port, "/healthz", ctx),
-                       KCM_READY_TIMEOUT_SECONDS)
+            self._wait("kube-controller-manager", self._kcm_healthy, KCM_READY_TIMEOUT_SECONDS)
         self._with_port_retries("kube-controller-manager", attempt)
+
+    def _kcm_healthy(self) -> bool:
+        """kube-controller-manager's /healthz answers 200 (its serving cert is the CA's)."""
+        context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+        return _probe(self.kcm_port, "/healthz", context)
 
     def _kcm_controllers(self) -> tuple[str, ...]:
         return KCM_CONTROLLERS + (POD_KCM_CONTROLLERS if self._with_pods else ())
